@@ -1,0 +1,579 @@
+# docs: docs/ddppo.md | paper: https://arxiv.org/abs/1911.00357
+"""DD-PPO: Decentralized Distributed PPO (Wijmans et al., 2020).
+
+Every rank steps its own envpool batch, keeps its own copy of the policy and optimizer, and trains PPO on
+its own rollout; gradients are averaged with one all-reduce per minibatch, so all replicas stay identical
+and there is no parameter server. Ranks that fall behind are preempted once a fraction `sync_frac` of the
+ranks has finished its rollout, so stragglers do not hold the others up.
+
+  python algos/ddppo.py                                             # world size 1, CartPole-v1
+  torchrun --standalone --nproc_per_node=2 algos/ddppo.py           # 2 ranks on one machine
+"""
+import json
+import math
+import os
+import random
+import signal
+import sys
+import time
+import warnings
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+
+def process_start_time() -> float:
+    """Wall-clock time at which this process started (Linux /proc), so start-up and imports are counted."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - uptime + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
+PROCESS_START = process_start_time()
+
+import envpool  # noqa: E402
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import tyro  # noqa: E402
+
+
+@dataclass
+class Args:
+    # --- common to every distrl file ---
+    exp_name: str = "ddppo"
+    """the name of this experiment (part of the run name)"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """make torch deterministic (`torch.use_deterministic_algorithms`)"""
+    cuda: bool = True
+    """use CUDA when it is available"""
+    track: bool = False
+    """log to Weights & Biases as well as TensorBoard"""
+    wandb_project_name: str = "distrl"
+    """the wandb project name"""
+    wandb_entity: Optional[str] = None
+    """the wandb entity (team)"""
+    capture_video: bool = False
+    """record videos of the evaluation episodes to runs/<run_name>/videos (Atari only)"""
+    save_model: bool = False
+    """write the final weights (state_dict) to runs/<run_name>/model.pt"""
+    env_id: str = "CartPole-v1"
+    """the envpool environment id"""
+    total_timesteps: int = 100_000
+    """total environment steps over all ranks"""
+    eval_episodes: int = 10
+    """episodes of the final, greedy policy to evaluate at the end"""
+    # --- algorithm ---
+    learning_rate: float = 3e-3
+    """Adam's learning rate"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to zero"""
+    local_num_envs: int = 32
+    """environments stepped by each rank"""
+    num_steps: int = 16
+    """rollout length per environment and update"""
+    gamma: float = 0.99
+    """discount factor"""
+    gae_lambda: float = 0.95
+    """lambda of generalized advantage estimation"""
+    num_minibatches: int = 4
+    """minibatches per epoch; fixed, so every rank all-reduces equally often even after preemption"""
+    update_epochs: int = 4
+    """epochs over each rollout"""
+    norm_adv: bool = True
+    """normalize advantages within each minibatch"""
+    clip_coef: float = 0.2
+    """PPO's surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """clip the value loss as in PPO2"""
+    ent_coef: float = 0.0
+    """entropy bonus coefficient"""
+    vf_coef: float = 0.5
+    """value loss coefficient"""
+    max_grad_norm: float = 0.5
+    """global gradient-norm clip, applied after the all-reduce"""
+    torch_threads: int = 0
+    """torch threads per rank (0: one per core on a single rank, else 1)"""
+    env_threads: int = 0
+    """envpool worker threads per rank (0: 1)"""
+    # --- distributed ---
+    preempt: bool = True
+    """preempt stragglers once sync_frac of the ranks finished their rollout"""
+    sync_frac: float = 0.6
+    """fraction of ranks that must finish before the rest are preempted (paper: 0.6)"""
+    min_rollout_frac: float = 0.25
+    """a preempted rank keeps at least this fraction of num_steps (paper: 0.25)"""
+    checkpoint_every: int = 0
+    """write runs/<run_name>/checkpoint.pt every this many updates (0: only on SIGTERM/SIGUSR1)"""
+    resume: bool = False
+    """continue from runs/<run_name>/checkpoint.pt when it exists"""
+    # --- computed at run time ---
+    world_size: int = field(default=1, init=False)
+    rank: int = field(default=0, init=False)
+    local_rank: int = field(default=0, init=False)
+    batch_size: int = field(default=0, init=False)
+    num_updates: int = field(default=0, init=False)
+    run_name: str = field(default="", init=False)
+
+
+def fail(arg: str, message: str) -> None:
+    """Bad argument: one line naming it on stderr, exit code 2 (as argparse does)."""
+    print(f"{os.path.basename(sys.argv[0])}: error: --{arg.replace('_', '-')}: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def validate(args: Args) -> None:
+    positive = ["total_timesteps", "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"]
+    for name in positive + ["learning_rate"]:
+        if getattr(args, name) <= 0:
+            fail(name, f"must be positive, got {getattr(args, name)}")
+    for name in ["torch_threads", "env_threads", "checkpoint_every", "ent_coef", "vf_coef", "max_grad_norm"]:
+        if getattr(args, name) < 0:
+            fail(name, f"must not be negative, got {getattr(args, name)}")
+    for name in ["sync_frac", "min_rollout_frac", "gamma", "gae_lambda"]:
+        if not 0.0 < getattr(args, name) <= 1.0:
+            fail(name, f"must be in (0, 1], got {getattr(args, name)}")
+    if (args.local_num_envs * args.num_steps) % args.num_minibatches:
+        fail("num_minibatches", f"{args.num_minibatches} does not divide local-num-envs * num-steps "
+             f"= {args.local_num_envs * args.num_steps}")
+    if args.env_id not in envpool.list_all_envs():
+        fail("env_id", f"'{args.env_id}' is not an envpool environment")
+    spec = envpool.make_spec(args.env_id)
+    obs_space, act_space = spec.observation_space, spec.action_space
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
+        fail("env_id", f"'{args.env_id}' has observation space {obs_space}; DD-PPO here needs a flat or image Box")
+    if not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(act_space.shape) > 1:
+        fail("env_id", f"'{args.env_id}' has action space {act_space}; DD-PPO here needs Discrete or 1-D Box")
+    if args.capture_video and len(obs_space.shape) != 3:
+        fail("capture_video", "videos are recorded for Atari (image) environments only")
+
+
+# ----------------------------------------------------------------------------------------------- environment
+def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, **kwargs):
+    """An envpool batch. Env i of the batch is seeded with seed + i. Atari gets DeepMind preprocessing."""
+    extra = {}
+    if len(envpool.make_spec(env_id).observation_space.shape) == 3:  # Atari: 84x84 grey, 4 stacked, skip 4
+        extra = dict(episodic_life=True, reward_clip=True, noop_max=30, repeat_action_probability=0.0)
+    extra.update(kwargs)
+    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_threads=num_threads,
+                        thread_affinity_offset=-1, **extra)
+
+
+def env_seed(args: Args, rank: int, update: int) -> int:
+    """Seed of env 0 on `rank` from `update` on: distinct for every env of every rank and every restart point."""
+    return args.seed + (update * args.world_size + rank) * args.local_num_envs
+
+
+# ----------------------------------------------------------------------------------------------- networks
+def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Module:
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias)
+    return layer
+
+
+class Agent(nn.Module):
+    """Actor-critic: two 64-64 tanh MLPs for vector observations, a shared Nature-CNN for images;
+    a categorical head for Discrete actions, a diagonal Gaussian with state-independent log-std for Box."""
+
+    def __init__(self, obs_shape, action_space):
+        super().__init__()
+        self.continuous = isinstance(action_space, gym.spaces.Box)
+        n_out = int(np.prod(action_space.shape)) if self.continuous else int(action_space.n)
+        if len(obs_shape) == 3:
+            self.trunk = nn.Sequential(
+                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)), nn.ReLU(),
+                layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+                layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten(),
+                layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU())
+            self.actor, self.critic = layer_init(nn.Linear(512, n_out), 0.01), layer_init(nn.Linear(512, 1), 1.0)
+        else:
+            d = int(np.prod(obs_shape))
+            self.trunk = nn.Identity()
+            self.actor = nn.Sequential(layer_init(nn.Linear(d, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)),
+                                       nn.Tanh(), layer_init(nn.Linear(64, n_out), 0.01))
+            self.critic = nn.Sequential(layer_init(nn.Linear(d, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)),
+                                        nn.Tanh(), layer_init(nn.Linear(64, 1), 1.0))
+        self.image = len(obs_shape) == 3
+        if self.continuous:
+            self.actor_logstd = nn.Parameter(torch.zeros(n_out))
+
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.trunk(obs.float() / 255.0) if self.image else obs.float()
+
+    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(self.features(obs)).squeeze(-1)
+
+    def act(self, obs, generator=None, greedy: bool = False):
+        """Rollout: sample an action (or take the mode when greedy); returns action, log-prob, value."""
+        h = self.features(obs)
+        out = self.actor(h)
+        if self.continuous:
+            std = self.actor_logstd.exp()
+            action = out if greedy else out + std * torch.randn(out.shape, generator=generator, device=out.device)
+            logprob = self.gaussian_logprob(out, std, action)
+        else:
+            logp_all = torch.log_softmax(out, dim=-1)
+            action = out.argmax(-1) if greedy else torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
+            logprob = logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+        return action, logprob, self.critic(h).squeeze(-1)
+
+    def evaluate_actions(self, obs, action):
+        """Learning: log-prob and entropy of the given actions under the current policy, and the value."""
+        h = self.features(obs)
+        out = self.actor(h)
+        if self.continuous:
+            std = self.actor_logstd.exp()
+            logprob = self.gaussian_logprob(out, std, action)
+            entropy = (0.5 + 0.5 * math.log(2 * math.pi) + self.actor_logstd).sum().expand(out.shape[0])
+        else:
+            logp_all = torch.log_softmax(out, dim=-1)
+            logprob = logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+        return logprob, entropy, self.critic(h).squeeze(-1)
+
+    @staticmethod
+    def gaussian_logprob(mean, std, action):
+        return (-0.5 * ((action - mean) / std) ** 2 - std.log() - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+
+# ----------------------------------------------------------------------------------------------- algorithm
+def compute_gae(rewards, values, next_value, terminations, dones, gamma: float, gae_lambda: float):
+    """Generalized advantage estimation (Schulman et al. 2016) over a [T, N] rollout.
+
+    values[t + 1] (next_value after the last step) bootstraps step t unless the episode *terminated* there;
+    the recursion is cut wherever an episode ended (terminated or truncated). With envpool's next-step
+    autoreset, the observation after a truncation is the final one, so a truncated step bootstraps from it.
+    """
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros_like(next_value)
+    for t in reversed(range(rewards.shape[0])):
+        v_next = next_value if t == rewards.shape[0] - 1 else values[t + 1]
+        delta = rewards[t] + gamma * v_next * (1.0 - terminations[t]) - values[t]
+        last = delta + gamma * gae_lambda * (1.0 - dones[t]) * last
+        advantages[t] = last
+    return advantages, advantages + values
+
+
+def ppo_loss(agent: Agent, mb: dict, args: Args):
+    """PPO's clipped surrogate, (clipped) value loss and entropy bonus for one minibatch."""
+    newlogprob, entropy, newvalue = agent.evaluate_actions(mb["obs"], mb["actions"])
+    logratio = newlogprob - mb["logprobs"]
+    ratio = logratio.exp()
+    adv = mb["advantages"]
+    if args.norm_adv and adv.numel() > 1:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
+    if args.clip_vloss:
+        v_clipped = mb["values"] + (newvalue - mb["values"]).clamp(-args.clip_coef, args.clip_coef)
+        v_loss = 0.5 * torch.max((newvalue - mb["returns"]) ** 2, (v_clipped - mb["returns"]) ** 2).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
+    ent = entropy.mean()
+    loss = pg_loss - args.ent_coef * ent + args.vf_coef * v_loss
+    with torch.no_grad():
+        stats = torch.stack([pg_loss, v_loss, ent, ((ratio - 1) - logratio).mean(),
+                             ((ratio - 1.0).abs() > args.clip_coef).float().mean()])
+    return loss, stats
+
+
+def allreduce_gradients(params, world_size: int) -> None:
+    """Average gradients over ranks: one flat all-reduce, the only collective of the inner loop."""
+    if world_size == 1:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for p, g in zip(params, grads):
+        p.grad = flat[offset:offset + g.numel()].view_as(g)
+        offset += g.numel()
+
+
+def ppo_update(agent, optimizer, batch: dict, args: Args, generator, world_size: int):
+    """update_epochs x num_minibatches gradient steps. Minibatch sizes follow this rank's (possibly preempted)
+    batch, but their number is fixed, so every rank enters allreduce_gradients equally often."""
+    params = [p for p in agent.parameters()]
+    n = batch["advantages"].shape[0]
+    stats = torch.zeros(5)
+    for _ in range(args.update_epochs):
+        for idx in torch.randperm(n, generator=generator).tensor_split(args.num_minibatches):
+            mb = {k: v[idx] for k, v in batch.items()}
+            loss, s = ppo_loss(agent, mb, args) if len(idx) else (sum(p.sum() * 0 for p in params), torch.zeros(5))
+            optimizer.zero_grad(set_to_none=False)
+            loss.backward()
+            allreduce_gradients(params, world_size)
+            nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+            optimizer.step()
+            stats += s
+    return stats / (args.update_epochs * args.num_minibatches)
+
+
+# ----------------------------------------------------------------------------------------------- roles
+def collect_rollout(agent, envs, state: dict, buf: dict, args: Args, generator, store, update: int, device):
+    """Step the envs for up to num_steps; stop early once enough ranks have finished (DD-PPO preemption).
+    Returns the number of steps collected."""
+    min_steps = max(1, math.ceil(args.min_rollout_frac * args.num_steps))
+    quorum = math.ceil(args.sync_frac * args.world_size)
+    key = f"ddppo/finished/{update}"
+    steps = args.num_steps
+    for t in range(args.num_steps):
+        if store is not None and t >= min_steps and int(store.add(key, 0)) >= quorum:
+            steps = t
+            break
+        obs = state["obs"]
+        buf["obs"][t] = obs
+        buf["valid"][t] = state["valid"]
+        with torch.no_grad():
+            action, logprob, value = agent.act(obs, generator=generator)
+        buf["actions"][t], buf["logprobs"][t], buf["values"][t] = action, logprob, value
+        env_action = action.cpu().numpy()
+        if agent.continuous:
+            env_action = np.clip(env_action, envs.action_space.low, envs.action_space.high)
+        o, r, term, trunc, info = envs.step(env_action)
+        state["obs"] = torch.as_tensor(o, device=device)
+        buf["rewards"][t] = torch.as_tensor(r, dtype=torch.float32, device=device)
+        buf["terms"][t] = torch.as_tensor(term, dtype=torch.float32, device=device)
+        done = term | trunc
+        buf["dones"][t] = torch.as_tensor(done, dtype=torch.float32, device=device)
+        # Episode statistics. The step after an episode end only resets the env (reward 0): it is not counted,
+        # and it is masked out of learning through `valid`. Atari: raw rewards and real game over.
+        live = ~state["prev_done"]
+        state["ep_return"] += info.get("reward", r) * live
+        state["ep_length"] += live
+        ended = (info["terminated"].astype(bool) | trunc) if "terminated" in info else done
+        if ended.any():
+            state["finished"].extend(zip(state["ep_return"][ended].tolist(), state["ep_length"][ended].tolist()))
+            state["ep_return"][ended] = 0.0
+            state["ep_length"][ended] = 0
+        state["prev_done"] = done
+        state["valid"] = torch.as_tensor(~done, dtype=torch.float32, device=device)
+    if store is not None and steps == args.num_steps:
+        store.add(key, 1)
+    return steps
+
+
+def evaluate(agent, env_id: str, episodes: int, seed: int, device, video_dir: Optional[str] = None):
+    """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short episodes)."""
+    envs = make_env(env_id, episodes, seed, episodic_life=False, reward_clip=False) if agent.image \
+        else make_env(env_id, episodes, seed)
+    obs, _ = envs.reset()
+    returns, done = np.zeros(episodes), np.zeros(episodes, dtype=bool)
+    frames = []
+    while not done.all():
+        with torch.no_grad():
+            action = agent.act(torch.as_tensor(obs, device=device), greedy=True)[0].cpu().numpy()
+        if agent.continuous:
+            action = np.clip(action, envs.action_space.low, envs.action_space.high)
+        obs, r, term, trunc, info = envs.step(action)
+        returns += info.get("reward", r) * ~done
+        if video_dir is not None and not done[0]:
+            frames.append(obs[0, -1])
+        done |= (info["terminated"].astype(bool) if "terminated" in info else term) | trunc
+    if frames:
+        os.makedirs(video_dir, exist_ok=True)
+        np.savez_compressed(os.path.join(video_dir, "eval_episode0.npz"), frames=np.stack(frames))
+    envs.close()
+    return returns
+
+
+def save_checkpoint(path: str, payload: dict) -> None:
+    """Atomic: write a temporary file beside the target, then rename over it."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def checkpoint_payload(agent, optimizer, update, global_step, wall_time_s, time_to_threshold, recent) -> dict:
+    return {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "update": update,
+            "global_step": global_step, "wall_time_s": wall_time_s, "time_to_threshold_s": time_to_threshold,
+            "recent_returns": list(recent)}
+
+
+def setup_distributed(args: Args):
+    """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE: join the group (gloo on CPU, NCCL on GPU). Alone: world size 1."""
+    args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    args.rank, args.local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = args.cuda and torch.cuda.is_available()
+    device = torch.device(f"cuda:{args.local_rank}" if use_cuda else "cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    store = None
+    if args.world_size > 1:
+        dist.init_process_group("nccl" if use_cuda else "gloo", init_method="env://")
+        store = dist.distributed_c10d._get_default_store() if args.preempt else None
+    return device, store
+
+
+def main(args: Args) -> int:
+    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")  # envpool's spaces
+    validate(args)
+    device, store = setup_distributed(args)
+    rank, world = args.rank, args.world_size
+    args.batch_size = world * args.local_num_envs * args.num_steps
+    args.num_updates = max(1, args.total_timesteps // args.batch_size)
+    args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
+    run_dir = os.path.join("runs", args.run_name)
+    ckpt_path = os.path.join(run_dir, "checkpoint.pt")
+    torch.set_num_threads(args.torch_threads or (os.cpu_count() if world == 1 else 1))
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)  # the same on every rank: identical initial weights
+    torch.use_deterministic_algorithms(args.torch_deterministic)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    spec = envpool.make_spec(args.env_id)
+    threshold = spec.reward_threshold
+    agent = Agent(spec.observation_space.shape, spec.action_space).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    start_update, global_step, wall_before, time_to_threshold = 0, 0, 0.0, None
+    recent = deque(maxlen=20)
+    if args.resume and os.path.exists(ckpt_path):
+        ckpt = torch.load(ckpt_path, map_location=device, weights_only=True)
+        agent.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        start_update, global_step, wall_before = ckpt["update"], ckpt["global_step"], ckpt["wall_time_s"]
+        time_to_threshold = ckpt["time_to_threshold_s"]
+        recent.extend(ckpt["recent_returns"])
+
+    writer = None
+    if rank == 0:
+        from torch.utils.tensorboard import SummaryWriter
+        if args.track:
+            import wandb
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                       config=asdict(args), name=args.run_name, id=args.run_name, resume="allow")
+        writer = SummaryWriter(run_dir)
+        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+
+    stop = {"signal": 0}
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, lambda signum, frame: stop.update(signal=signum))
+
+    T, N = args.num_steps, args.local_num_envs
+    obs_shape, act_shape = spec.observation_space.shape, spec.action_space.shape
+    obs_dtype = torch.uint8 if len(obs_shape) == 3 else torch.float32
+    buf = {"obs": torch.zeros((T, N) + obs_shape, dtype=obs_dtype, device=device),
+           "actions": torch.zeros((T, N) + act_shape, dtype=torch.float32 if agent.continuous else torch.long, device=device)}
+    for k in ["logprobs", "values", "rewards", "terms", "dones", "valid"]:
+        buf[k] = torch.zeros((T, N), device=device)
+    generator = torch.Generator(device=device)
+    envs, state = None, {}
+    train_start, last_print, steps_at_start = time.time(), 0.0, global_step
+    sps = 0.0
+    for update in range(start_update, args.num_updates):
+        # (Re)start episodes from a seed tied to (seed, rank, update) at the first update and every checkpoint
+        # boundary, so a run resumed from a checkpoint continues exactly as the uninterrupted run did.
+        if envs is None or (args.checkpoint_every and update % args.checkpoint_every == 0):
+            if rank == 0 and args.checkpoint_every and update % args.checkpoint_every == 0 and update > start_update:
+                save_checkpoint(ckpt_path, checkpoint_payload(agent, optimizer, update, global_step,
+                                wall_before + time.time() - train_start, time_to_threshold, recent))
+            if envs is not None:
+                envs.close()
+            envs = make_env(args.env_id, N, env_seed(args, rank, update), args.env_threads or 1)
+            generator.manual_seed(env_seed(args, rank, update))
+            obs, _ = envs.reset()
+            state = {"obs": torch.as_tensor(obs, device=device), "valid": torch.ones(N, device=device),
+                     "prev_done": np.zeros(N, dtype=bool), "ep_return": np.zeros(N), "ep_length": np.zeros(N),
+                     "finished": []}
+        if args.anneal_lr:
+            optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - update / args.num_updates)
+
+        t0 = time.time()
+        steps = collect_rollout(agent, envs, state, buf, args, generator, store, update, device)
+        rollout_time = time.time() - t0
+        with torch.no_grad():
+            next_value = agent.get_value(state["obs"])
+            values = buf["values"][:steps]
+            advantages, returns = compute_gae(buf["rewards"][:steps], values, next_value, buf["terms"][:steps],
+                                              buf["dones"][:steps], args.gamma, args.gae_lambda)
+        keep = buf["valid"][:steps].reshape(-1).bool()
+        batch = {"obs": buf["obs"][:steps].reshape((-1,) + obs_shape)[keep],
+                 "actions": buf["actions"][:steps].reshape((-1,) + act_shape)[keep],
+                 "logprobs": buf["logprobs"][:steps].reshape(-1)[keep], "values": values.reshape(-1)[keep],
+                 "advantages": advantages.reshape(-1)[keep], "returns": returns.reshape(-1)[keep]}
+        t1 = time.time()
+        losses = ppo_update(agent, optimizer, batch, args, generator, world)
+        learn_time = time.time() - t1
+
+        # Per-update bookkeeping: one small all-reduce of counters (steps, preemption, stop requests).
+        finished, state["finished"] = state["finished"], []
+        counters = torch.tensor([float(steps * N), float(steps < T), steps / T, float(stop["signal"] != 0),
+                                 rollout_time, learn_time], dtype=torch.float64)
+        if world > 1:
+            if store is not None and rank == 0 and update > 0:
+                store.delete_key(f"ddppo/finished/{update - 1}")
+            dist.all_reduce(counters)
+        global_step += int(counters[0])
+        for ret, _ in finished:
+            recent.append(ret)
+            if threshold is not None and time_to_threshold is None and len(recent) == 20 and np.mean(recent) >= threshold:
+                time_to_threshold = time.time() - PROCESS_START
+        if rank == 0:
+            now = time.time()
+            sps = (global_step - steps_at_start) / (now - train_start)
+            for ret, length in finished:
+                writer.add_scalar("charts/episodic_return", ret, global_step)
+                writer.add_scalar("charts/episodic_length", length, global_step)
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            writer.add_scalar("charts/SPS", sps, global_step)
+            for name, v in zip(["policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac"], losses.tolist()):
+                writer.add_scalar(f"losses/{name}", v, global_step)
+            writer.add_scalar("stats/preempted_ranks_frac", counters[1].item() / world, global_step)
+            writer.add_scalar("stats/rollout_frac", counters[2].item() / world, global_step)
+            writer.add_scalar("stats/rollout_time_s", counters[4].item() / world, global_step)
+            writer.add_scalar("stats/learn_time_s", counters[5].item() / world, global_step)
+            if now - last_print > 2.0 or update == args.num_updates - 1:
+                last_print = now
+                mean = f"{np.mean(recent):.1f}" if recent else "n/a"
+                print(f"update {update + 1}/{args.num_updates} global_step={global_step} SPS={sps:.0f} "
+                      f"return(last {len(recent)})={mean}", flush=True)
+        if counters[3] > 0:  # SIGTERM/SIGUSR1 on some rank (SLURM preemption): save, then exit cleanly
+            if rank == 0:
+                save_checkpoint(ckpt_path, checkpoint_payload(agent, optimizer, update + 1, global_step,
+                                wall_before + time.time() - train_start, time_to_threshold, recent))
+                print(f"signal received: checkpoint of update {update + 1} written to {ckpt_path}; "
+                      "rerun with --resume to continue", flush=True)
+            break
+    else:
+        if rank == 0:
+            wall = wall_before + time.time() - train_start
+            video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
+            eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 10**6, device, video_dir)
+            for i, r in enumerate(eval_returns):
+                writer.add_scalar("eval/episodic_return", r, i)
+            summary = {"algo": "ddppo", "env_id": args.env_id, "seed": args.seed, "world_size": world,
+                       "global_step": global_step, "wall_time_s": time.time() - PROCESS_START, "sps": sps,
+                       "train_time_s": wall, "eval_return_mean": float(np.mean(eval_returns)),
+                       "eval_return_std": float(np.std(eval_returns)),
+                       "train_return_last20": float(np.mean(recent)) if recent else None,
+                       "time_to_threshold_s": time_to_threshold, "reward_threshold": threshold}
+            with open(os.path.join(run_dir, "summary.json"), "w") as f:
+                json.dump(summary, f, indent=2)
+            if args.save_model:
+                save_checkpoint(os.path.join(run_dir, "model.pt"), agent.state_dict())
+            print(f"eval return {summary['eval_return_mean']:.1f} +- {summary['eval_return_std']:.1f}; "
+                  f"time to threshold: {time_to_threshold}; summary in {run_dir}/summary.json", flush=True)
+    envs.close()
+    if writer is not None:
+        writer.close()
+        if args.track:
+            import wandb
+            wandb.finish()
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(tyro.cli(Args)))

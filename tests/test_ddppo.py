@@ -1,0 +1,287 @@
+"""DD-PPO: pure functions against slow references, the all-reduced update, preemption, and whole runs."""
+import math
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from conftest import SUMMARY_KEYS, check_ok, descendants, free_port, load_algo, wait_for
+
+ddppo = load_algo("ddppo")
+ENV = "CartPole-v1"
+
+
+# ------------------------------------------------------------------------------------------ pure functions
+def gae_reference(rewards, values, next_value, terminations, dones, gamma, lam):
+    """Straight from the definition: A_t = sum_l (gamma*lam)^l delta_{t+l}, summed until the episode ends,
+    with delta_t = r_t + gamma * V(s_{t+1}) * (1 - terminated_t) - V(s_t). One env and one t at a time."""
+    T, N = rewards.shape
+    v_next = torch.cat([values[1:], next_value[None]], 0)
+    delta = rewards + gamma * v_next * (1 - terminations) - values
+    adv = torch.zeros(T, N, dtype=torch.float64)
+    for n in range(N):
+        for t in range(T):
+            total = 0.0
+            for l in range(T - t):
+                total += (gamma * lam) ** l * delta[t + l, n].item()
+                if dones[t + l, n]:
+                    break
+            adv[t, n] = total
+    return adv
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gae_matches_reference(seed):
+    g = torch.Generator().manual_seed(seed)
+    T, N = 12, 5
+    rewards, values, next_value = torch.randn(T, N, generator=g), torch.randn(T, N, generator=g), torch.randn(N, generator=g)
+    terminations = (torch.rand(T, N, generator=g) < 0.15).float()
+    truncations = (torch.rand(T, N, generator=g) < 0.1).float() * (1 - terminations)
+    dones = torch.clamp(terminations + truncations, max=1)
+    assert terminations.sum() > 0 and truncations.sum() > 0
+    adv, ret = ddppo.compute_gae(rewards, values, next_value, terminations, dones, 0.97, 0.9)
+    ref = gae_reference(rewards, values, next_value, terminations, dones, 0.97, 0.9)
+    torch.testing.assert_close(adv.double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ret, adv + values)
+
+
+def test_gae_lambda_one_is_discounted_return_minus_value():
+    # lambda = 1, one episode that terminates at the last step: A_t = sum_k gamma^k r_{t+k} - V(s_t).
+    T, gamma = 6, 0.9
+    rewards, values = torch.arange(1.0, T + 1)[:, None], torch.linspace(-1, 1, T)[:, None]
+    terms = torch.zeros(T, 1)
+    terms[-1] = 1
+    adv, _ = ddppo.compute_gae(rewards, values, torch.tensor([123.0]), terms, terms.clone(), gamma, 1.0)
+    expected = [sum(gamma ** k * rewards[t + k, 0].item() for k in range(T - t)) - values[t, 0].item() for t in range(T)]
+    torch.testing.assert_close(adv[:, 0], torch.tensor(expected))
+
+
+def test_ppo_loss_clips_ratio():
+    agent = ddppo.Agent((4,), ddppo.gym.spaces.Discrete(2))
+    obs, actions = torch.randn(64, 4), torch.randint(0, 2, (64,))
+    with torch.no_grad():
+        logprob, _, value = agent.evaluate_actions(obs, actions)
+    args = ddppo.Args(norm_adv=False, ent_coef=0.0, clip_coef=0.2)
+    mb = {"obs": obs, "actions": actions, "logprobs": logprob - 1.0,  # ratio = e > 1 + clip everywhere
+          "values": value, "advantages": torch.ones(64), "returns": value}
+    _, stats = ddppo.ppo_loss(agent, mb, args)
+    # positive advantage, ratio above 1 + eps: the clipped term -(1 + eps) * A is the max, so pg_loss = -1.2
+    assert stats[0].item() == pytest.approx(-1.2, abs=1e-5)
+    assert stats[4].item() == 1.0  # every sample clipped
+
+
+def test_gaussian_logprob_and_entropy_match_torch_normal():
+    agent = ddppo.Agent((3,), ddppo.gym.spaces.Box(-1, 1, (2,)))
+    with torch.no_grad():
+        agent.actor_logstd.copy_(torch.tensor([-0.5, 0.3]))
+    obs, actions = torch.randn(10, 3), torch.randn(10, 2)
+    logprob, entropy, _ = agent.evaluate_actions(obs, actions)
+    dist_ = torch.distributions.Normal(agent.actor(obs), agent.actor_logstd.exp())
+    torch.testing.assert_close(logprob, dist_.log_prob(actions).sum(-1))
+    torch.testing.assert_close(entropy, dist_.entropy().sum(-1))
+
+
+# ------------------------------------------------------------------------------------------ all-reduced update
+def make_batch(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return {"obs": torch.randn(n, 4, generator=g), "actions": torch.randint(0, 2, (n,), generator=g),
+            "logprobs": -torch.rand(n, generator=g) - 0.3, "values": torch.randn(n, generator=g),
+            "advantages": torch.randn(n, generator=g), "returns": torch.randn(n, generator=g)}
+
+
+def update_worker(rank, world, port, sizes, out_dir, minibatches, epochs):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    agent = ddppo.Agent((4,), ddppo.gym.spaces.Discrete(2))
+    opt = torch.optim.Adam(agent.parameters(), lr=1e-2, eps=1e-5)
+    full = make_batch(sum(sizes), seed=7)
+    lo = sum(sizes[:rank])
+    mine = {k: v[lo:lo + sizes[rank]] for k, v in full.items()}
+    args = ddppo.Args(norm_adv=False, num_minibatches=minibatches, update_epochs=epochs)
+    ddppo.ppo_update(agent, opt, mine, args, torch.Generator().manual_seed(rank), world)
+    torch.save(agent.state_dict(), os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def spawn_update(tmp_path, sizes, minibatches, epochs, timeout=60):
+    ctx = mp.start_processes(update_worker, args=(len(sizes), free_port(), sizes, str(tmp_path), minibatches, epochs),
+                             nprocs=len(sizes), join=False, start_method="spawn")
+    end = time.time() + timeout
+    while not ctx.join(timeout=max(0.1, end - time.time())):
+        if time.time() > end:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"ranks with batch sizes {sizes} deadlocked in ppo_update")
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(len(sizes))]
+
+
+def test_allreduced_update_equals_single_process_update_on_union(tmp_path):
+    """One update on 2 ranks with equal batches A and B == the single-process update on A u B."""
+    states = spawn_update(tmp_path, [64, 64], minibatches=1, epochs=3)
+    torch.manual_seed(0)
+    agent = ddppo.Agent((4,), ddppo.gym.spaces.Discrete(2))
+    opt = torch.optim.Adam(agent.parameters(), lr=1e-2, eps=1e-5)
+    before = {k: v.clone() for k, v in agent.state_dict().items()}
+    ddppo.ppo_update(agent, opt, make_batch(128, seed=7), ddppo.Args(norm_adv=False, num_minibatches=1, update_epochs=3),
+                     torch.Generator().manual_seed(0), 1)
+    for k, v in agent.state_dict().items():
+        torch.testing.assert_close(states[0][k], v, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(states[1][k], states[0][k], rtol=0, atol=0)
+    assert any(not torch.equal(before[k], v) for k, v in agent.state_dict().items())
+
+
+def test_preempted_ranks_with_unequal_batches_do_not_deadlock(tmp_path):
+    """After preemption ranks hold different amounts of data (even fewer samples than minibatches); the fixed
+    number of minibatches keeps the collectives matched and the replicas identical."""
+    states = spawn_update(tmp_path, [3, 40, 512], minibatches=4, epochs=2)
+    for k in states[0]:
+        assert torch.equal(states[0][k], states[1][k]) and torch.equal(states[0][k], states[2][k])
+
+
+def test_rollout_is_preempted_once_quorum_of_ranks_finished():
+    args = ddppo.Args(local_num_envs=4, num_steps=20, sync_frac=0.6, min_rollout_frac=0.25)
+    args.world_size = 3  # quorum: ceil(0.6 * 3) = 2 finished ranks
+    spec = ddppo.envpool.make_spec(ENV)
+    agent = ddppo.Agent(spec.observation_space.shape, spec.action_space)
+    envs = ddppo.make_env(ENV, 4, 0)
+    obs, _ = envs.reset()
+
+    def fresh():
+        state = {"obs": torch.as_tensor(obs), "valid": torch.ones(4), "prev_done": ddppo.np.zeros(4, bool),
+                 "ep_return": ddppo.np.zeros(4), "ep_length": ddppo.np.zeros(4), "finished": []}
+        buf = {k: torch.zeros(20, 4) for k in ["logprobs", "values", "rewards", "terms", "dones", "valid"]}
+        buf.update(obs=torch.zeros(20, 4, 4), actions=torch.zeros(20, 4, dtype=torch.long))
+        return state, buf
+
+    store = dist.HashStore()
+    state, buf = fresh()
+    assert ddppo.collect_rollout(agent, envs, state, buf, args, None, store, 0, "cpu") == 20
+    assert int(store.add("ddppo/finished/0", 0)) == 1  # a full rollout counts itself as finished
+    store.add("ddppo/finished/1", 2)  # two other ranks already finished update 1
+    state, buf = fresh()
+    assert ddppo.collect_rollout(agent, envs, state, buf, args, None, store, 1, "cpu") == math.ceil(0.25 * 20)
+    assert int(store.add("ddppo/finished/1", 0)) == 2  # a preempted rank does not count itself
+
+
+# ------------------------------------------------------------------------------------------ whole runs
+SMALL = ["--total-timesteps", 4096, "--local-num-envs", 8, "--eval-episodes", 3]
+
+
+def test_smoke_single_process(runner):
+    check_ok(runner.run("ddppo", *SMALL, "--save-model"))
+    s = runner.summary(ENV, "ddppo")
+    assert SUMMARY_KEYS <= s.keys() and s["algo"] == "ddppo" and s["world_size"] == 1
+    assert s["global_step"] == 4096 and s["sps"] > 0 and s["eval_return_mean"] > 0
+    assert (runner.run_dir(ENV, "ddppo") / "model.pt").exists()
+    assert list(runner.run_dir(ENV, "ddppo").glob("events.out.tfevents.*"))
+
+
+def test_smoke_torchrun_two_ranks(runner):
+    proc = runner.run("ddppo", *SMALL, nproc=2)
+    check_ok(proc)
+    s = runner.summary(ENV, "ddppo")
+    assert s["world_size"] == 2 and s["global_step"] > 0 and s["eval_return_mean"] > 0
+
+
+def test_learns_cartpole_with_defaults(runner):
+    check_ok(runner.run("ddppo"))
+    s = runner.summary(ENV, "ddppo")
+    assert s["time_to_threshold_s"] is not None, s
+    assert s["eval_return_mean"] >= 475, s
+
+
+def load_weights(path):
+    return torch.load(path, weights_only=True)
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_same_seed_same_result(runner, tmp_path):
+    args = ["--total-timesteps", 16384, "--eval-episodes", 3, "--save-model"]
+    check_ok(runner.run("ddppo", *args))
+    first = runner.summary(ENV, "ddppo")
+    w1 = load_weights(runner.run_dir(ENV, "ddppo") / "model.pt")
+    check_ok(runner.run("ddppo", *args))
+    second = runner.summary(ENV, "ddppo")
+    for k in ["global_step", "eval_return_mean", "eval_return_std", "train_return_last20"]:
+        assert first[k] == second[k]
+    assert_same_weights(w1, load_weights(runner.run_dir(ENV, "ddppo") / "model.pt"))
+
+
+def test_resume_after_kill_equals_uninterrupted(runner):
+    args = ["--total-timesteps", 300 * 512, "--checkpoint-every", 5, "--save-model", "--eval-episodes", 2]
+    check_ok(runner.run("ddppo", *args, "--exp-name", "whole"))
+    whole = runner.summary(ENV, "whole")
+    ckpt = runner.run_dir(ENV, "cut") / "checkpoint.pt"
+    proc = runner.start("ddppo", *args, "--exp-name", "cut")
+    assert wait_for(ckpt.exists, timeout=60), "no checkpoint was written"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (runner.run_dir(ENV, "cut") / "summary.json").exists(), "the run finished before it was killed"
+    check_ok(runner.run("ddppo", *args, "--exp-name", "cut", "--resume"))
+    cut = runner.summary(ENV, "cut")
+    assert cut["global_step"] == whole["global_step"] and cut["eval_return_mean"] == whole["eval_return_mean"]
+    assert_same_weights(load_weights(runner.run_dir(ENV, "whole") / "model.pt"),
+                        load_weights(runner.run_dir(ENV, "cut") / "model.pt"))
+
+
+def test_sigterm_saves_checkpoint_and_resume_finishes(runner):
+    args = ["--total-timesteps", 400 * 512, "--eval-episodes", 2]
+    proc = runner.start("ddppo", *args)
+    assert wait_for(lambda: (runner.run_dir(ENV, "ddppo")).exists(), timeout=60)
+    time.sleep(1.0)
+    os.kill(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "checkpoint" in out and (runner.run_dir(ENV, "ddppo") / "checkpoint.pt").exists()
+    assert not (runner.run_dir(ENV, "ddppo") / "summary.json").exists()
+    check_ok(runner.run("ddppo", *args, "--resume"))
+    assert runner.summary(ENV, "ddppo")["global_step"] == 400 * 512
+
+
+def test_dead_worker_ends_job_quickly_without_orphans(runner):
+    proc = runner.start("ddppo", "--total-timesteps", 10**7, "--local-num-envs", 8, nproc=2)
+    try:
+        assert wait_for(lambda: len(descendants(proc.pid)) >= 2 and runner.run_dir(ENV, "ddppo").exists(), 60)
+        time.sleep(1.0)
+        workers = [p for p in descendants(proc.pid) if "ddppo.py" in open(f"/proc/{p}/cmdline").read()]
+        os.kill(workers[-1], signal.SIGKILL)
+        killed_at = time.time()
+        proc.wait(timeout=30)
+        assert time.time() - killed_at < 10, "the job took longer than 10 s to end"
+        assert proc.returncode != 0
+        assert wait_for(lambda: not any(os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"
+                                        for p in workers), 5), "a worker outlived the job"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+BAD = [
+    (["--env-id", "NoSuchEnv-v0"], "--env-id"),
+    (["--env-id", "MiniGrid-Empty-5x5-v0"], "--env-id"),
+    (["--num-minibatches", "3"], "--num-minibatches"),
+    (["--local-num-envs", "-4"], "--local-num-envs"),
+    (["--total-timesteps", "0"], "--total-timesteps"),
+    (["--sync-frac", "1.5"], "--sync-frac"),
+]
+
+
+@pytest.mark.parametrize("args,name", BAD, ids=[b[1] + "=" + b[0][1] for b in BAD])
+def test_bad_arguments_exit_2_naming_the_argument(runner, args, name):
+    start = time.time()
+    proc = runner.run("ddppo", *args, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and name in lines[0], proc.stderr
+    assert time.time() - start < 20
+    assert not (runner.cwd / "runs").exists()
