@@ -73,27 +73,27 @@ class Args:
     eval_episodes: int = 10
     """episodes of the final, greedy policy to evaluate at the end"""
     # --- algorithm ---
-    learning_rate: float = 3e-3
+    learning_rate: float = 2.5e-3
     """Adam's learning rate"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to zero"""
-    local_num_envs: int = 32
+    local_num_envs: int = 16
     """environments stepped by each rank"""
     num_steps: int = 16
     """rollout length per environment and update"""
-    gamma: float = 0.99
+    gamma: float = 0.98
     """discount factor"""
-    gae_lambda: float = 0.95
+    gae_lambda: float = 0.8
     """lambda of generalized advantage estimation"""
-    num_minibatches: int = 4
+    num_minibatches: int = 1
     """minibatches per epoch; fixed, so every rank all-reduces equally often even after preemption"""
-    update_epochs: int = 4
+    update_epochs: int = 10
     """epochs over each rollout"""
     norm_adv: bool = True
     """normalize advantages within each minibatch"""
     clip_coef: float = 0.2
     """PPO's surrogate clipping coefficient"""
-    clip_vloss: bool = True
+    clip_vloss: bool = False
     """clip the value loss as in PPO2"""
     ent_coef: float = 0.0
     """entropy bonus coefficient"""
@@ -393,10 +393,11 @@ def save_checkpoint(path: str, payload: dict) -> None:
     os.replace(tmp, path)
 
 
-def checkpoint_payload(agent, optimizer, update, global_step, wall_time_s, time_to_threshold, recent) -> dict:
+def checkpoint_payload(agent, optimizer, update, global_step, wall_time_s, time_to_threshold, threshold_step,
+                       recent) -> dict:
     return {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "update": update,
             "global_step": global_step, "wall_time_s": wall_time_s, "time_to_threshold_s": time_to_threshold,
-            "recent_returns": list(recent)}
+            "threshold_step": threshold_step, "recent_returns": list(recent)}
 
 
 def setup_distributed(args: Args):
@@ -435,14 +436,14 @@ def main(args: Args) -> int:
     threshold = spec.reward_threshold
     agent = Agent(spec.observation_space.shape, spec.action_space).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    start_update, global_step, wall_before, time_to_threshold = 0, 0, 0.0, None
+    start_update, global_step, wall_before, time_to_threshold, threshold_step = 0, 0, 0.0, None, None
     recent = deque(maxlen=20)
     if args.resume and os.path.exists(ckpt_path):
         ckpt = torch.load(ckpt_path, map_location=device, weights_only=True)
         agent.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         start_update, global_step, wall_before = ckpt["update"], ckpt["global_step"], ckpt["wall_time_s"]
-        time_to_threshold = ckpt["time_to_threshold_s"]
+        time_to_threshold, threshold_step = ckpt["time_to_threshold_s"], ckpt["threshold_step"]
         recent.extend(ckpt["recent_returns"])
 
     writer = None
@@ -476,7 +477,7 @@ def main(args: Args) -> int:
         if envs is None or (args.checkpoint_every and update % args.checkpoint_every == 0):
             if rank == 0 and args.checkpoint_every and update % args.checkpoint_every == 0 and update > start_update:
                 save_checkpoint(ckpt_path, checkpoint_payload(agent, optimizer, update, global_step,
-                                wall_before + time.time() - train_start, time_to_threshold, recent))
+                                wall_before + time.time() - train_start, time_to_threshold, threshold_step, recent))
             if envs is not None:
                 envs.close()
             envs = make_env(args.env_id, N, env_seed(args, rank, update), args.env_threads or 1)
@@ -517,7 +518,7 @@ def main(args: Args) -> int:
         for ret, _ in finished:
             recent.append(ret)
             if threshold is not None and time_to_threshold is None and len(recent) == 20 and np.mean(recent) >= threshold:
-                time_to_threshold = time.time() - PROCESS_START
+                time_to_threshold, threshold_step = time.time() - PROCESS_START, global_step
         if rank == 0:
             now = time.time()
             sps = (global_step - steps_at_start) / (now - train_start)
@@ -540,7 +541,7 @@ def main(args: Args) -> int:
         if counters[3] > 0:  # SIGTERM/SIGUSR1 on some rank (SLURM preemption): save, then exit cleanly
             if rank == 0:
                 save_checkpoint(ckpt_path, checkpoint_payload(agent, optimizer, update + 1, global_step,
-                                wall_before + time.time() - train_start, time_to_threshold, recent))
+                                wall_before + time.time() - train_start, time_to_threshold, threshold_step, recent))
                 print(f"signal received: checkpoint of update {update + 1} written to {ckpt_path}; "
                       "rerun with --resume to continue", flush=True)
             break
@@ -556,7 +557,8 @@ def main(args: Args) -> int:
                        "train_time_s": wall, "eval_return_mean": float(np.mean(eval_returns)),
                        "eval_return_std": float(np.std(eval_returns)),
                        "train_return_last20": float(np.mean(recent)) if recent else None,
-                       "time_to_threshold_s": time_to_threshold, "reward_threshold": threshold}
+                       "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step,
+                       "reward_threshold": threshold}
             with open(os.path.join(run_dir, "summary.json"), "w") as f:
                 json.dump(summary, f, indent=2)
             if args.save_model:

@@ -216,7 +216,7 @@ def test_same_seed_same_result(runner, tmp_path):
 
 
 def test_resume_after_kill_equals_uninterrupted(runner):
-    args = ["--total-timesteps", 300 * 512, "--checkpoint-every", 5, "--save-model", "--eval-episodes", 2]
+    args = ["--total-timesteps", 200 * 256, "--checkpoint-every", 5, "--save-model", "--eval-episodes", 2]
     check_ok(runner.run("ddppo", *args, "--exp-name", "whole"))
     whole = runner.summary(ENV, "whole")
     ckpt = runner.run_dir(ENV, "cut") / "checkpoint.pt"
@@ -233,7 +233,7 @@ def test_resume_after_kill_equals_uninterrupted(runner):
 
 
 def test_sigterm_saves_checkpoint_and_resume_finishes(runner):
-    args = ["--total-timesteps", 400 * 512, "--eval-episodes", 2]
+    args = ["--total-timesteps", 300 * 256, "--eval-episodes", 2]
     proc = runner.start("ddppo", *args)
     assert wait_for(lambda: (runner.run_dir(ENV, "ddppo")).exists(), timeout=60)
     time.sleep(1.0)
@@ -243,7 +243,7 @@ def test_sigterm_saves_checkpoint_and_resume_finishes(runner):
     assert "checkpoint" in out and (runner.run_dir(ENV, "ddppo") / "checkpoint.pt").exists()
     assert not (runner.run_dir(ENV, "ddppo") / "summary.json").exists()
     check_ok(runner.run("ddppo", *args, "--resume"))
-    assert runner.summary(ENV, "ddppo")["global_step"] == 400 * 512
+    assert runner.summary(ENV, "ddppo")["global_step"] == 300 * 256
 
 
 def test_dead_worker_ends_job_quickly_without_orphans(runner):

@@ -1,0 +1,109 @@
+"""Benchmark runner: time to CartPole-v1's threshold, side by side with peers, seeds interleaved.
+
+Each entry runs as its own process, one at a time, in a scratch directory; every entry writes a summary.json
+whose `time_to_threshold_s` counts from its own process start (imports included). Entries alternate seed by
+seed (ours, peer, ours, peer, ...) so that drift of a shared machine hits both alike.
+
+  python benchmark/run.py ddppo --seeds 1 2 3 4 5        # -> benchmark/results/ddppo_cartpole.json
+  python benchmark/run.py ddppo --seeds 1 --entries ddppo # ours only
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+# suite -> entry -> command (list) for one seed; "{seed}" and "{out}" are filled in.
+SUITES = {
+    "ddppo": {
+        "ddppo": [PY, str(ROOT / "algos/ddppo.py"), "--seed", "{seed}", "--exp-name", "bench"],
+        "sb3_ppo": [PY, str(ROOT / "benchmark/sb3_cartpole.py"), "--algo", "ppo", "--seed", "{seed}", "--out", "{out}"],
+    },
+}
+
+
+def machine() -> dict:
+    cpu = "unknown"
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "algos", "benchmark"], cwd=ROOT,
+                                capture_output=True, text=True).stdout.strip())
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "commit": commit + ("+dirty" if dirty else ""),
+            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+
+
+def run_one(cmd_template: list, seed: int, cwd: Path) -> dict:
+    """Run one entry for one seed in `cwd` (kept, so that benchmark/plot.py can read its TensorBoard events)."""
+    shutil.rmtree(cwd, ignore_errors=True)
+    cwd.mkdir(parents=True)
+    out = cwd / "summary.json"
+    cmd = [c.format(seed=seed, out=out) for c in cmd_template]
+    env = dict(os.environ, WANDB_MODE="disabled", PYTHONWARNINGS="ignore")
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    external = time.time() - t0
+    (cwd / "stdout.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    if not out.exists():  # algos/ files write runs/<run_name>/summary.json
+        out = next(cwd.glob("runs/*/summary.json"))
+    summary = json.loads(out.read_text())
+    summary["external_wall_s"] = external
+    return summary
+
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("suite", choices=sorted(SUITES))
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    p.add_argument("--entries", nargs="+", help="subset of the suite's entries")
+    p.add_argument("--out", help="results file (default: benchmark/results/<suite>_cartpole.json)")
+    a = p.parse_args()
+    entries = {k: v for k, v in SUITES[a.suite].items() if not a.entries or k in a.entries}
+    results = {name: [] for name in entries}
+    for seed in a.seeds:
+        for name, cmd in entries.items():
+            r = run_one(cmd, seed, ROOT / "benchmark" / "results" / "raw" / a.suite / f"{name}_{seed}")
+            results[name].append(r)
+            print(f"seed {seed} {name:10s} time_to_threshold={r['time_to_threshold_s']} s "
+                  f"steps={r.get('threshold_step')} sps={r['sps']:.0f} wall={r['external_wall_s']:.1f} s", flush=True)
+    table = {name: {"time_to_threshold_median_s": median([r["time_to_threshold_s"] for r in rs]),
+                    "time_to_threshold_range_s": [min((r["time_to_threshold_s"] for r in rs if r["time_to_threshold_s"]), default=None),
+                                                  max((r["time_to_threshold_s"] for r in rs if r["time_to_threshold_s"]), default=None)],
+                    "reached": sum(r["time_to_threshold_s"] is not None for r in rs), "runs": len(rs),
+                    "threshold_step_median": median([r.get("threshold_step") for r in rs]),
+                    "sps_median": median([r["sps"] for r in rs])} for name, rs in results.items()}
+    record = {"suite": a.suite, "machine": machine(), "seeds": a.seeds, "command": " ".join(sys.argv),
+              "table": table, "runs": results}
+    out = Path(a.out or ROOT / "benchmark" / "results" / f"{a.suite}_cartpole.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2))
+    print(f"\n| entry | time to threshold, median [range] | reached | steps to threshold (median) | SPS (median) |")
+    print("|---|---|---|---|---|")
+    for name, t in table.items():
+        lo, hi = t["time_to_threshold_range_s"]
+        rng = f"{t['time_to_threshold_median_s']:.2f} s [{lo:.2f}-{hi:.2f}]" if lo is not None else "not reached"
+        steps = f"{t['threshold_step_median']:.0f}" if t["threshold_step_median"] else "-"
+        print(f"| {name} | {rng} | {t['reached']}/{t['runs']} | {steps} | {t['sps_median']:.0f} |")
+    print(f"\nwritten to {out} ({record['machine']})")
+
+
+if __name__ == "__main__":
+    main()
