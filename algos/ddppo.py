@@ -53,7 +53,7 @@ class Args:
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
-    """make torch deterministic (`torch.use_deterministic_algorithms`)"""
+    """deterministic CUDA kernels (`torch.use_deterministic_algorithms`); CPU runs are deterministic anyway"""
     cuda: bool = True
     """use CUDA when it is available"""
     track: bool = False
@@ -285,35 +285,52 @@ def ppo_loss(agent: Agent, mb: dict, args: Args):
     return loss, stats
 
 
-def allreduce_gradients(params, world_size: int) -> None:
-    """Average gradients over ranks: one flat all-reduce, the only collective of the inner loop."""
-    if world_size == 1:
-        return
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    flat /= world_size
-    offset = 0
-    for p, g in zip(params, grads):
-        p.grad = flat[offset:offset + g.numel()].view_as(g)
-        offset += g.numel()
+def adam_init(params) -> dict:
+    n = sum(p.numel() for p in params)
+    return {"step": 0, "m": torch.zeros(n, device=params[0].device), "v": torch.zeros(n, device=params[0].device)}
 
 
-def ppo_update(agent, optimizer, batch: dict, args: Args, generator, world_size: int):
+def adam_step(params, grad: torch.Tensor, state: dict, lr: float, betas=(0.9, 0.999), eps: float = 1e-5) -> None:
+    """Adam (Kingma & Ba, 2015) on the flat vector of all gradients. Written out rather than torch.optim.Adam
+    because constructing any torch.optim optimizer imports torch._dynamo, over a second of start-up."""
+    b1, b2 = betas
+    state["step"] += 1
+    state["m"].mul_(b1).add_(grad, alpha=1 - b1)
+    state["v"].mul_(b2).addcmul_(grad, grad, value=1 - b2)
+    m_hat = state["m"] / (1 - b1 ** state["step"])
+    v_hat = state["v"] / (1 - b2 ** state["step"])
+    update = lr * m_hat / (v_hat.sqrt() + eps)
+    with torch.no_grad():
+        offset = 0
+        for p in params:
+            p.sub_(update[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def averaged_clipped_gradient(params, world_size: int, max_grad_norm: float) -> torch.Tensor:
+    """All gradients as one flat vector, averaged over ranks with one all-reduce (the only collective of the
+    inner loop), then clipped to a global norm. Every rank gets the same vector, so replicas stay equal."""
+    grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+    if world_size > 1:
+        dist.all_reduce(grad)
+        grad /= world_size
+    grad *= torch.clamp(max_grad_norm / (grad.norm() + 1e-6), max=1.0)
+    return grad
+
+
+def ppo_update(agent, adam: dict, batch: dict, args: Args, lr: float, generator, world_size: int):
     """update_epochs x num_minibatches gradient steps. Minibatch sizes follow this rank's (possibly preempted)
-    batch, but their number is fixed, so every rank enters allreduce_gradients equally often."""
-    params = [p for p in agent.parameters()]
+    batch, but their number is fixed, so every rank enters the all-reduce equally often."""
+    params = list(agent.parameters())
     n = batch["advantages"].shape[0]
     stats = torch.zeros(5)
     for _ in range(args.update_epochs):
         for idx in torch.randperm(n, generator=generator).tensor_split(args.num_minibatches):
             mb = {k: v[idx] for k, v in batch.items()}
             loss, s = ppo_loss(agent, mb, args) if len(idx) else (sum(p.sum() * 0 for p in params), torch.zeros(5))
-            optimizer.zero_grad(set_to_none=False)
+            agent.zero_grad(set_to_none=False)
             loss.backward()
-            allreduce_gradients(params, world_size)
-            nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-            optimizer.step()
+            adam_step(params, averaged_clipped_gradient(params, world_size, args.max_grad_norm), adam, lr)
             stats += s
     return stats / (args.update_epochs * args.num_minibatches)
 
@@ -393,9 +410,9 @@ def save_checkpoint(path: str, payload: dict) -> None:
     os.replace(tmp, path)
 
 
-def checkpoint_payload(agent, optimizer, update, global_step, wall_time_s, time_to_threshold, threshold_step,
+def checkpoint_payload(agent, adam, update, global_step, wall_time_s, time_to_threshold, threshold_step,
                        recent) -> dict:
-    return {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "update": update,
+    return {"model": agent.state_dict(), "adam": adam, "update": update,
             "global_step": global_step, "wall_time_s": wall_time_s, "time_to_threshold_s": time_to_threshold,
             "threshold_step": threshold_step, "recent_returns": list(recent)}
 
@@ -429,19 +446,20 @@ def main(args: Args) -> int:
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)  # the same on every rank: identical initial weights
-    torch.use_deterministic_algorithms(args.torch_deterministic)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
+    if device.type == "cuda":  # CPU ops used here are deterministic already; this call costs ~1 s of imports
+        torch.use_deterministic_algorithms(args.torch_deterministic)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
 
     spec = envpool.make_spec(args.env_id)
     threshold = spec.reward_threshold
     agent = Agent(spec.observation_space.shape, spec.action_space).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    adam = adam_init(list(agent.parameters()))
     start_update, global_step, wall_before, time_to_threshold, threshold_step = 0, 0, 0.0, None, None
     recent = deque(maxlen=20)
     if args.resume and os.path.exists(ckpt_path):
         ckpt = torch.load(ckpt_path, map_location=device, weights_only=True)
         agent.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        adam = ckpt["adam"]
         start_update, global_step, wall_before = ckpt["update"], ckpt["global_step"], ckpt["wall_time_s"]
         time_to_threshold, threshold_step = ckpt["time_to_threshold_s"], ckpt["threshold_step"]
         recent.extend(ckpt["recent_returns"])
@@ -476,7 +494,7 @@ def main(args: Args) -> int:
         # boundary, so a run resumed from a checkpoint continues exactly as the uninterrupted run did.
         if envs is None or (args.checkpoint_every and update % args.checkpoint_every == 0):
             if rank == 0 and args.checkpoint_every and update % args.checkpoint_every == 0 and update > start_update:
-                save_checkpoint(ckpt_path, checkpoint_payload(agent, optimizer, update, global_step,
+                save_checkpoint(ckpt_path, checkpoint_payload(agent, adam, update, global_step,
                                 wall_before + time.time() - train_start, time_to_threshold, threshold_step, recent))
             if envs is not None:
                 envs.close()
@@ -486,8 +504,7 @@ def main(args: Args) -> int:
             state = {"obs": torch.as_tensor(obs, device=device), "valid": torch.ones(N, device=device),
                      "prev_done": np.zeros(N, dtype=bool), "ep_return": np.zeros(N), "ep_length": np.zeros(N),
                      "finished": []}
-        if args.anneal_lr:
-            optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - update / args.num_updates)
+        lr = args.learning_rate * (1.0 - update / args.num_updates) if args.anneal_lr else args.learning_rate
 
         t0 = time.time()
         steps = collect_rollout(agent, envs, state, buf, args, generator, store, update, device)
@@ -503,7 +520,7 @@ def main(args: Args) -> int:
                  "logprobs": buf["logprobs"][:steps].reshape(-1)[keep], "values": values.reshape(-1)[keep],
                  "advantages": advantages.reshape(-1)[keep], "returns": returns.reshape(-1)[keep]}
         t1 = time.time()
-        losses = ppo_update(agent, optimizer, batch, args, generator, world)
+        losses = ppo_update(agent, adam, batch, args, lr, generator, world)
         learn_time = time.time() - t1
 
         # Per-update bookkeeping: one small all-reduce of counters (steps, preemption, stop requests).
@@ -525,7 +542,7 @@ def main(args: Args) -> int:
             for ret, length in finished:
                 writer.add_scalar("charts/episodic_return", ret, global_step)
                 writer.add_scalar("charts/episodic_length", length, global_step)
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            writer.add_scalar("charts/learning_rate", lr, global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
             for name, v in zip(["policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac"], losses.tolist()):
                 writer.add_scalar(f"losses/{name}", v, global_step)
@@ -540,7 +557,7 @@ def main(args: Args) -> int:
                       f"return(last {len(recent)})={mean}", flush=True)
         if counters[3] > 0:  # SIGTERM/SIGUSR1 on some rank (SLURM preemption): save, then exit cleanly
             if rank == 0:
-                save_checkpoint(ckpt_path, checkpoint_payload(agent, optimizer, update + 1, global_step,
+                save_checkpoint(ckpt_path, checkpoint_payload(agent, adam, update + 1, global_step,
                                 wall_before + time.time() - train_start, time_to_threshold, threshold_step, recent))
                 print(f"signal received: checkpoint of update {update + 1} written to {ckpt_path}; "
                       "rerun with --resume to continue", flush=True)

@@ -86,6 +86,34 @@ def test_gaussian_logprob_and_entropy_match_torch_normal():
     torch.testing.assert_close(entropy, dist_.entropy().sum(-1))
 
 
+def test_adam_step_matches_torch_adam():
+    torch.manual_seed(0)
+    a, b = ddppo.Agent((4,), ddppo.gym.spaces.Discrete(2)), ddppo.Agent((4,), ddppo.gym.spaces.Discrete(2))
+    b.load_state_dict(a.state_dict())
+    pa, pb = list(a.parameters()), list(b.parameters())
+    state, reference = ddppo.adam_init(pa), torch.optim.Adam(pb, lr=3e-3, eps=1e-5)
+    for step in range(5):
+        obs, actions = torch.randn(32, 4), torch.randint(0, 2, (32,))
+        for agent in (a, b):
+            agent.zero_grad()
+            logprob, _, value = agent.evaluate_actions(obs, actions)
+            (logprob.mean() + (value ** 2).mean()).backward()
+        ddppo.adam_step(pa, torch.cat([p.grad.reshape(-1) for p in pa]), state, lr=3e-3)
+        reference.step()
+        for x, y in zip(pa, pb):
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-7)
+
+
+def test_gradient_is_clipped_to_global_norm():
+    p = torch.nn.Parameter(torch.zeros(3))
+    q = torch.nn.Parameter(torch.zeros(2))
+    p.grad, q.grad = torch.tensor([3.0, 0.0, 0.0]), torch.tensor([0.0, 4.0])  # global norm 5
+    g = ddppo.averaged_clipped_gradient([p, q], world_size=1, max_grad_norm=0.5)
+    torch.testing.assert_close(g, torch.tensor([0.3, 0.0, 0.0, 0.0, 0.4]), rtol=1e-4, atol=1e-6)
+    p.grad, q.grad = torch.tensor([0.1, 0.0, 0.0]), torch.tensor([0.0, 0.0])
+    torch.testing.assert_close(ddppo.averaged_clipped_gradient([p, q], 1, 0.5), torch.tensor([0.1, 0, 0, 0, 0]))
+
+
 # ------------------------------------------------------------------------------------------ all-reduced update
 def make_batch(n, seed):
     g = torch.Generator().manual_seed(seed)
@@ -98,12 +126,12 @@ def update_worker(rank, world, port, sizes, out_dir, minibatches, epochs):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.manual_seed(0)
     agent = ddppo.Agent((4,), ddppo.gym.spaces.Discrete(2))
-    opt = torch.optim.Adam(agent.parameters(), lr=1e-2, eps=1e-5)
+    adam = ddppo.adam_init(list(agent.parameters()))
     full = make_batch(sum(sizes), seed=7)
     lo = sum(sizes[:rank])
     mine = {k: v[lo:lo + sizes[rank]] for k, v in full.items()}
     args = ddppo.Args(norm_adv=False, num_minibatches=minibatches, update_epochs=epochs)
-    ddppo.ppo_update(agent, opt, mine, args, torch.Generator().manual_seed(rank), world)
+    ddppo.ppo_update(agent, adam, mine, args, 1e-2, torch.Generator().manual_seed(rank), world)
     torch.save(agent.state_dict(), os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
 
@@ -125,10 +153,10 @@ def test_allreduced_update_equals_single_process_update_on_union(tmp_path):
     states = spawn_update(tmp_path, [64, 64], minibatches=1, epochs=3)
     torch.manual_seed(0)
     agent = ddppo.Agent((4,), ddppo.gym.spaces.Discrete(2))
-    opt = torch.optim.Adam(agent.parameters(), lr=1e-2, eps=1e-5)
+    adam = ddppo.adam_init(list(agent.parameters()))
     before = {k: v.clone() for k, v in agent.state_dict().items()}
-    ddppo.ppo_update(agent, opt, make_batch(128, seed=7), ddppo.Args(norm_adv=False, num_minibatches=1, update_epochs=3),
-                     torch.Generator().manual_seed(0), 1)
+    ddppo.ppo_update(agent, adam, make_batch(128, seed=7), ddppo.Args(norm_adv=False, num_minibatches=1, update_epochs=3),
+                     1e-2, torch.Generator().manual_seed(0), 1)
     for k, v in agent.state_dict().items():
         torch.testing.assert_close(states[0][k], v, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(states[1][k], states[0][k], rtol=0, atol=0)
