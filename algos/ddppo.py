@@ -63,7 +63,7 @@ class Args:
     wandb_entity: Optional[str] = None
     """the wandb entity (team)"""
     capture_video: bool = False
-    """record videos of the evaluation episodes to runs/<run_name>/videos (Atari only)"""
+    """save the frames of the first evaluation episode (Atari) to runs/<run_name>/videos/eval_episode0.npz"""
     save_model: bool = False
     """write the final weights (state_dict) to runs/<run_name>/model.pt"""
     env_id: str = "CartPole-v1"
@@ -154,7 +154,7 @@ def validate(args: Args) -> None:
     if not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(act_space.shape) > 1:
         fail("env_id", f"'{args.env_id}' has action space {act_space}; DD-PPO here needs Discrete or 1-D Box")
     if args.capture_video and len(obs_space.shape) != 3:
-        fail("capture_video", "videos are recorded for Atari (image) environments only")
+        fail("capture_video", "frames are saved for Atari (image) environments only")
 
 
 # ----------------------------------------------------------------------------------------------- environment
@@ -180,6 +180,11 @@ def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -
     return layer
 
 
+def mlp(n_in: int, n_out: int, out_std: float) -> nn.Module:
+    return nn.Sequential(layer_init(nn.Linear(n_in, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
+                         layer_init(nn.Linear(64, n_out), out_std))
+
+
 class Agent(nn.Module):
     """Actor-critic: two 64-64 tanh MLPs for vector observations, a shared Nature-CNN for images;
     a categorical head for Discrete actions, a diagonal Gaussian with state-independent log-std for Box."""
@@ -197,11 +202,7 @@ class Agent(nn.Module):
             self.actor, self.critic = layer_init(nn.Linear(512, n_out), 0.01), layer_init(nn.Linear(512, 1), 1.0)
         else:
             d = int(np.prod(obs_shape))
-            self.trunk = nn.Identity()
-            self.actor = nn.Sequential(layer_init(nn.Linear(d, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)),
-                                       nn.Tanh(), layer_init(nn.Linear(64, n_out), 0.01))
-            self.critic = nn.Sequential(layer_init(nn.Linear(d, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)),
-                                        nn.Tanh(), layer_init(nn.Linear(64, 1), 1.0))
+            self.trunk, self.actor, self.critic = nn.Identity(), mlp(d, n_out, 0.01), mlp(d, 1, 1.0)
         self.image = len(obs_shape) == 3
         if self.continuous:
             self.actor_logstd = nn.Parameter(torch.zeros(n_out))
@@ -295,11 +296,11 @@ def adam_step(params, grad: torch.Tensor, state: dict, lr: float, betas=(0.9, 0.
     because constructing any torch.optim optimizer imports torch._dynamo, over a second of start-up."""
     b1, b2 = betas
     state["step"] += 1
-    state["m"].mul_(b1).add_(grad, alpha=1 - b1)
-    state["v"].mul_(b2).addcmul_(grad, grad, value=1 - b2)
-    m_hat = state["m"] / (1 - b1 ** state["step"])
-    v_hat = state["v"] / (1 - b2 ** state["step"])
-    update = lr * m_hat / (v_hat.sqrt() + eps)
+    state["m"].lerp_(grad, 1 - b1)  # m <- b1 m + (1 - b1) g
+    state["v"].mul_(b2).addcmul_(grad, grad, value=1 - b2)  # v <- b2 v + (1 - b2) g^2
+    # lr * m_hat / (sqrt(v_hat) + eps), in torch.optim.Adam's order of operations (bitwise equal to it)
+    denom = (state["v"].sqrt() / math.sqrt(1 - b2 ** state["step"])).add_(eps)
+    update = (lr / (1 - b1 ** state["step"])) * state["m"] / denom
     with torch.no_grad():
         offset = 0
         for p in params:
@@ -542,14 +543,13 @@ def main(args: Args) -> int:
             for ret, length in finished:
                 writer.add_scalar("charts/episodic_return", ret, global_step)
                 writer.add_scalar("charts/episodic_length", length, global_step)
-            writer.add_scalar("charts/learning_rate", lr, global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            for name, v in zip(["policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac"], losses.tolist()):
-                writer.add_scalar(f"losses/{name}", v, global_step)
-            writer.add_scalar("stats/preempted_ranks_frac", counters[1].item() / world, global_step)
-            writer.add_scalar("stats/rollout_frac", counters[2].item() / world, global_step)
-            writer.add_scalar("stats/rollout_time_s", counters[4].item() / world, global_step)
-            writer.add_scalar("stats/learn_time_s", counters[5].item() / world, global_step)
+            scalars = {"charts/learning_rate": lr, "charts/SPS": sps}
+            scalars.update(zip(["losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl",
+                                "losses/clipfrac"], losses.tolist()))
+            scalars.update(zip(["stats/preempted_ranks_frac", "stats/rollout_frac", "stats/rollout_time_s",
+                                "stats/learn_time_s"], (counters[[1, 2, 4, 5]] / world).tolist()))
+            for key, value in scalars.items():
+                writer.add_scalar(key, value, global_step)
             if now - last_print > 2.0 or update == args.num_updates - 1:
                 last_print = now
                 mean = f"{np.mean(recent):.1f}" if recent else "n/a"
