@@ -216,6 +216,15 @@ def test_smoke_torchrun_two_ranks(runner):
     assert s["world_size"] == 2 and s["global_step"] > 0 and s["eval_return_mean"] > 0
 
 
+@pytest.mark.parametrize("env_id", ["Pong-v5", "HalfCheetah-v4"])
+def test_smoke_atari_cnn_and_mujoco_gaussian(runner, env_id):
+    """The Nature-CNN / uint8 path and the continuous Gaussian path run end to end (no learning claimed)."""
+    check_ok(runner.run("ddppo", "--env-id", env_id, "--local-num-envs", 2, "--num-steps", 8, "--total-timesteps", 64,
+                        "--eval-episodes", 1))
+    s = runner.summary(env_id, "ddppo")
+    assert s["global_step"] == 64 and math.isfinite(s["eval_return_mean"]) and s["time_to_threshold_s"] is None
+
+
 def test_learns_cartpole_with_defaults(runner):
     check_ok(runner.run("ddppo"))
     s = runner.summary(ENV, "ddppo")
