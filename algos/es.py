@@ -220,11 +220,13 @@ def sample_noise_indices(seed: int, generation: int, num_pairs: int, table_size:
 
 
 def centered_ranks(x: np.ndarray) -> np.ndarray:
-    """Fitness shaping: replace each value by its rank over the whole array, scaled to [-0.5, 0.5]
-    (ties are broken by position, with a stable sort)."""
-    ranks = np.empty(x.size, dtype=np.float64)
-    ranks[np.argsort(x.ravel(), kind="stable")] = np.arange(x.size)
-    return (ranks / (x.size - 1) - 0.5).reshape(x.shape)
+    """Fitness shaping: replace each value by its rank over the whole array (0 for the smallest), scaled to
+    [-0.5, 0.5]. Tied values share their average rank, so a constant fitness gives all-zero weights."""
+    flat = x.ravel()
+    _, inverse, counts = np.unique(flat, return_inverse=True, return_counts=True)
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    ranks = (first + (counts - 1) / 2.0)[inverse]
+    return (ranks / (flat.size - 1) - 0.5).reshape(x.shape)
 
 
 def es_gradient(noise: torch.Tensor, indices, weights: np.ndarray, dim: int) -> torch.Tensor:
@@ -342,11 +344,11 @@ def spawn_workers(args: Args) -> int:
         while not ctx.join(timeout=1.0):
             pass
     except mp.ProcessExitedException as e:
-        print(f"es.py: error: worker {e.error_index} (pid {e.pid}) exited with code {e.exit_code}; "
+        print(f"{os.path.basename(sys.argv[0])}: error: worker {e.error_index} (pid {e.pid}) exited with code {e.exit_code}; "
               "the other workers were stopped", file=sys.stderr)
         return 1
     except mp.ProcessRaisedException as e:
-        print(f"es.py: error: worker {e.error_index} failed:\n{e}", file=sys.stderr)
+        print(f"{os.path.basename(sys.argv[0])}: error: worker {e.error_index} failed:\n{e}", file=sys.stderr)
         return 1
     return 0
 
