@@ -102,3 +102,45 @@ def wait_for(predicate, timeout: float, interval: float = 0.02) -> bool:
             return True
         time.sleep(interval)
     return predicate()
+
+
+def assert_bad_argument(proc: subprocess.CompletedProcess, name: str, cwd: Path) -> None:
+    """Exit code 2, one line on stderr naming the argument, and nothing started (no runs/ folder)."""
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and name in lines[0], proc.stderr
+    assert not (cwd / "runs").exists()
+
+
+def kill_one_worker(proc: subprocess.Popen, script: str, ready, min_workers: int = 2) -> str:
+    """SIGKILL the last of the job's worker processes (those running `script`) once `ready()` holds; assert the job
+    then ends non-zero within 10 s and no worker outlives it. Returns the job's output."""
+    import signal
+    try:
+        def workers():
+            return [p for p in descendants(proc.pid) if os.path.exists(f"/proc/{p}")
+                    and script in open(f"/proc/{p}/cmdline").read()]
+        assert wait_for(lambda: len(workers()) >= min_workers and ready(), 60), "the workers did not start"
+        time.sleep(1.0)
+        victims = workers()
+        os.kill(victims[-1], signal.SIGKILL)
+        killed_at = time.time()
+        out, _ = proc.communicate(timeout=30)
+        assert time.time() - killed_at < 10, "the job took longer than 10 s to end"
+        assert proc.returncode != 0, out
+        assert wait_for(lambda: not any(os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"
+                                        for p in victims), 5), "a worker outlived the job"
+        return out
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# summary.json keys that measure time or depend on the launch (worker count, padding), not the result
+LAUNCH_KEYS = {"wall_time_s", "sps", "train_time_s", "time_to_threshold_s", "world_size", "bytes_per_generation"}
+
+
+def assert_same_result(a: dict, b: dict) -> None:
+    assert {k: v for k, v in a.items() if k not in LAUNCH_KEYS} == {k: v for k, v in b.items() if k not in LAUNCH_KEYS}

@@ -1,0 +1,193 @@
+"""ES: the estimator and its parts against slow references, worker-count invariance, and whole runs."""
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import (ROOT, SUMMARY_KEYS, assert_bad_argument, assert_same_result, check_ok, kill_one_worker,
+                      load_algo, wait_for)
+
+es = load_algo("es")
+ENV = "CartPole-v1"
+
+
+# ------------------------------------------------------------------------------------------ pure functions
+def centered_ranks_reference(values):
+    """Rank of each value = number of smaller values + (number of equal others) / 2; scaled to [-0.5, 0.5]."""
+    n = len(values)
+    return [(sum(w < v for w in values) + (sum(w == v for w in values) - 1) / 2) / (n - 1) - 0.5 for v in values]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_centered_ranks_match_reference(seed):
+    x = np.random.default_rng(seed).integers(0, 6, size=(7, 2)).astype(float)  # many ties
+    np.testing.assert_allclose(es.centered_ranks(x).ravel(), centered_ranks_reference(list(x.ravel())))
+    np.testing.assert_allclose(es.centered_ranks(np.array([3.0, 1.0, 2.0])), [0.5, -0.5, 0.0])
+    assert es.centered_ranks(x).sum() == pytest.approx(0.0)
+
+
+def test_antithetic_pairs_cancel_a_constant_fitness():
+    noise = es.noise_table(0, 10_000)
+    shaped = es.centered_ranks(np.full((16, 2), 500.0))
+    g = es.es_gradient(noise, list(range(0, 1600, 100)), shaped[:, 0] - shaped[:, 1], 50)
+    assert torch.count_nonzero(g) == 0
+
+
+def test_estimator_points_along_the_true_gradient_of_a_quadratic():
+    """F(theta) = -|theta - target|^2: the ES estimate (raw and rank-shaped) has a high cosine with -2(theta - target)."""
+    dim, pairs, sigma = 20, 1000, 0.05
+    noise = es.noise_table(3, 200_000)
+    rng = np.random.default_rng(0)
+    theta, target = torch.zeros(dim), torch.as_tensor(rng.normal(size=dim), dtype=torch.float32)
+    indices = rng.integers(0, noise.numel() - dim + 1, size=pairs)
+    eps = torch.stack([noise[i:i + dim] for i in indices])
+    fitness = lambda p: -((p - target) ** 2).sum(-1)  # noqa: E731
+    returns = torch.stack([fitness(theta + sigma * eps), fitness(theta - sigma * eps)], 1).numpy()
+    true_grad = -2 * (theta - target)
+    for weights in [returns[:, 0] - returns[:, 1], es.centered_ranks(returns)[:, 0] - es.centered_ranks(returns)[:, 1]]:
+        g = es.es_gradient(noise, indices, weights, dim)
+        assert torch.nn.functional.cosine_similarity(g, true_grad, dim=0) > 0.9
+    # and the raw estimator is unbiased with the right scale: sum_i (F+ - F-) eps_i / (2n) ~ sigma * grad, with a
+    # relative error of about sqrt(dim / pairs) = 0.14
+    raw = es.es_gradient(noise, indices, returns[:, 0] - returns[:, 1], dim)
+    assert (raw / sigma - true_grad).norm() / true_grad.norm() < 0.3
+
+
+def test_es_gradient_equals_a_weighted_sum_of_noise_slices():
+    noise = es.noise_table(1, 1000)
+    indices, weights = [5, 300, 7], np.array([0.5, -1.0, 0.25])
+    expected = sum(w * noise[i:i + 10] for i, w in zip(indices, weights)) / 6
+    torch.testing.assert_close(es.es_gradient(noise, indices, weights, 10), expected)
+
+
+def test_adam_step_matches_torch_adam_bitwise():
+    theta = torch.randn(30, generator=torch.Generator().manual_seed(0))
+    p = torch.nn.Parameter(theta.clone())
+    opt = torch.optim.Adam([p], lr=0.01, eps=1e-8)
+    state = es.adam_init(30)
+    for k in range(5):
+        grad = torch.randn(30, generator=torch.Generator().manual_seed(k + 1))
+        p.grad = grad.clone()
+        opt.step()
+        theta = es.adam_step(theta, grad, state, 0.01)
+    assert torch.equal(theta, p.detach())
+
+
+def test_update_applies_weight_decay():
+    """With a constant fitness the estimate is zero and the step is Adam's step on l2_coeff * theta: it shrinks theta."""
+    args = es.Args(l2_coeff=0.005)
+    theta = torch.ones(10)
+    new, gnorm = es.es_update(theta, es.adam_init(10), es.noise_table(0, 100), [0, 10], np.ones((2, 2)), args)
+    assert gnorm == 0.0
+    torch.testing.assert_close(new, theta - args.learning_rate)  # Adam's first step has magnitude lr
+
+
+def test_observation_statistics():
+    obs = torch.tensor([[1.0, 2.0], [3.0, 6.0]], dtype=torch.float64)
+    stat = torch.cat([obs.sum(0), (obs ** 2).sum(0), torch.tensor([2.0])])
+    mean, std = es.obs_mean_std(stat, 2)
+    torch.testing.assert_close(mean, torch.tensor([2.0, 4.0]))
+    torch.testing.assert_close(std, torch.tensor([1.0, 2.0]))
+
+
+def test_batched_policy_matches_one_network_per_individual():
+    import gymnasium as gym
+    policy = es.Policy(4, gym.spaces.Discrete(3), (8, 5))
+    g = torch.Generator().manual_seed(0)
+    params = torch.stack([policy.init_params(g) + 0.3 * torch.randn(policy.num_params, generator=g) for _ in range(6)])
+    obs = torch.randn(6, 4, generator=g)
+    out = policy.forward(params, obs)
+    for p in range(6):
+        layers, offset, h = [], 0, obs[p]
+        for k, (o, i) in enumerate(policy.shapes):
+            w, b = params[p, offset:offset + o * i].view(o, i), params[p, offset + o * i:offset + o * i + o]
+            offset += o * i + o
+            h = w @ h + b
+            h = torch.tanh(h) if k < len(policy.shapes) - 1 else h
+        torch.testing.assert_close(out[p], h)
+    np.testing.assert_array_equal(policy.act(params, obs), out.argmax(-1).numpy())
+
+
+def test_noise_table_is_identical_across_processes():
+    """A fresh process with other thread settings builds the same table from the same seed."""
+    code = ("import sys, hashlib, torch; sys.path.insert(0, 'tests'); from conftest import load_algo; "
+            "torch.set_num_threads(2); print(hashlib.sha256(load_algo('es').noise_table(7, 2**20).numpy().tobytes()).hexdigest())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1")).stdout.strip()
+    torch.set_num_threads(1)
+    assert out == hashlib.sha256(es.noise_table(7, 2 ** 20).numpy().tobytes()).hexdigest()
+
+
+def test_noise_indices_depend_on_seed_and_generation_only():
+    a = es.sample_noise_indices(1, 3, 24, 10_000, 100)
+    assert np.array_equal(a, es.sample_noise_indices(1, 3, 24, 10_000, 100))
+    assert not np.array_equal(a, es.sample_noise_indices(1, 4, 24, 10_000, 100))
+    assert a.min() >= 0 and a.max() <= 10_000 - 100
+
+
+# ------------------------------------------------------------------------------------------ whole runs
+def test_smoke_torchrun_two_workers(runner):
+    check_ok(runner.run("es", "--total-timesteps", 2000, "--eval-episodes", 2, "--save-model", nproc=2))
+    s = runner.summary(ENV, "es")
+    assert SUMMARY_KEYS <= s.keys() and s["algo"] == "es" and s["world_size"] == 2 and s["global_step"] >= 2000
+    assert s["bytes_per_generation"] < s["gradient_bytes"]
+    assert (runner.run_dir(ENV, "es") / "model.pt").exists()
+
+
+def test_learns_cartpole_and_result_does_not_depend_on_worker_count(runner):
+    """The default run reaches the threshold; the same seed with 2 spawned workers gives the same bits."""
+    budget = ["--total-timesteps", 150_000]
+    check_ok(runner.run("es", *budget, "--exp-name", "one"))
+    one = runner.summary(ENV, "one")
+    assert one["time_to_threshold_s"] is not None and one["eval_return_mean"] >= 475, one
+    check_ok(runner.run("es", *budget, "--exp-name", "two", "--num-workers", 2))
+    two = runner.summary(ENV, "two")
+    assert two["world_size"] == 2
+    assert_same_result(one, two)
+
+
+def test_mujoco_continuous_actions_run(runner):
+    check_ok(runner.run("es", "--env-id", "Hopper-v4", "--total-timesteps", 500, "--population-size", 4,
+                        "--eval-episodes", 1, "--adaptive-cap"))
+    assert runner.summary("Hopper-v4", "es")["global_step"] >= 500
+
+
+def test_sigterm_checkpoint_and_resume_equal_uninterrupted(runner):
+    args = ["--total-timesteps", 100_000, "--eval-episodes", 2]
+    check_ok(runner.run("es", *args, "--exp-name", "whole"))
+    proc = runner.start("es", *args, "--exp-name", "cut", "--num-workers", 2)
+    assert wait_for(lambda: list(runner.run_dir(ENV, "cut").glob("events.*")), 60)
+    time.sleep(0.5)  # the workers install their signal handlers right after creating the event file
+    os.kill(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "checkpoint" in out, out
+    assert not (runner.run_dir(ENV, "cut") / "summary.json").exists()
+    check_ok(runner.run("es", *args, "--exp-name", "cut", "--resume"))
+    assert_same_result(runner.summary(ENV, "whole"), runner.summary(ENV, "cut"))
+
+
+def test_dead_worker_ends_job_quickly_without_orphans(runner):
+    proc = runner.start("es", "--total-timesteps", 10**8, "--num-workers", 2)
+    out = kill_one_worker(proc, "es.py", runner.run_dir(ENV, "es").exists)
+    assert "error: worker" in out
+
+
+BAD = [
+    (["--env-id", "NoSuchEnv-v0"], "--env-id"),
+    (["--env-id", "Pong-v5"], "--env-id"),
+    (["--population-size", "7"], "--population-size"),
+    (["--sigma", "0"], "--sigma"),
+    (["--noise-table-size", "100"], "--noise-table-size"),
+    (["--num-workers", "0"], "--num-workers"),
+]
+
+
+@pytest.mark.parametrize("args,name", BAD, ids=[b[1] + "=" + b[0][1] for b in BAD])
+def test_bad_arguments_exit_2_naming_the_argument(runner, args, name):
+    assert_bad_argument(runner.run("es", *args, timeout=60), name, runner.cwd)

@@ -1,0 +1,148 @@
+"""Deep GA: the seed-list encoding, selection and the elite against slow references, worker-count invariance,
+and whole runs."""
+import hashlib
+import os
+import signal
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from conftest import (SUMMARY_KEYS, assert_bad_argument, assert_same_result, check_ok, kill_one_worker, load_algo,
+                      wait_for)
+
+ga = load_algo("ga")
+ENV = "CartPole-v1"
+SIGMA = 0.05
+
+
+@pytest.fixture(scope="module")
+def setup():
+    policy = ga.Policy(4, gym.spaces.Discrete(2), (16, 16))
+    return policy, ga.noise_table(0, 2 ** 16)
+
+
+# ------------------------------------------------------------------------------------------ pure functions
+def test_params_from_seed_list_equal_step_by_step_mutation(setup):
+    policy, noise = setup
+    seeds = [12345, 7, 900, 31, 4000]
+    theta = policy.init_params(torch.Generator().manual_seed(12345))
+    for offset in seeds[1:]:  # the slow way: mutate one generation at a time, writing the noise out in full
+        eps = torch.tensor([noise[offset + k].item() for k in range(policy.num_params)])
+        theta = theta + SIGMA * eps
+    assert torch.equal(ga.params_from_seeds(policy, noise, seeds, SIGMA), theta)
+    # and one cached mutation of the parent gives the same bits as decoding the whole chain
+    parent = ga.params_from_seeds(policy, noise, seeds[:-1], SIGMA)
+    assert torch.equal(ga.mutate(parent, noise, seeds[-1], SIGMA), theta)
+
+
+def test_different_seeds_give_different_individuals(setup):
+    policy, noise = setup
+    assert not torch.equal(ga.params_from_seeds(policy, noise, [1], SIGMA), ga.params_from_seeds(policy, noise, [2], SIGMA))
+    assert not torch.equal(ga.params_from_seeds(policy, noise, [1, 5], SIGMA), ga.params_from_seeds(policy, noise, [1, 6], SIGMA))
+
+
+def test_encoding_grows_by_one_seed_per_generation(setup):
+    policy, noise = setup
+    parents = None
+    for generation in range(5):
+        individuals = ga.make_generation(parents, 1, generation, 12, noise.numel(), policy.num_params)
+        assert len(individuals) == (12 if generation == 0 else 11)
+        assert all(len(ind) == generation + 1 for ind in individuals)
+        if generation:  # every child is a parent's seed list plus one mutation offset
+            assert all(ind[:-1] in parents for ind in individuals)
+            assert all(0 <= ind[-1] <= noise.numel() - policy.num_params for ind in individuals)
+        fitness = np.random.default_rng(generation).normal(size=len(individuals))
+        elite = ga.elite_candidates(individuals, fitness, None, 3)[0]
+        parents = ga.next_parents(individuals, fitness, elite, 4)
+    assert ga.make_generation(parents, 1, 5, 12, noise.numel(), 10) == ga.make_generation(parents, 1, 5, 12, noise.numel(), 10)
+
+
+def test_truncation_selection_and_elite_candidates():
+    individuals = [[0], [1], [2], [3], [4], [5]]
+    fitness = np.array([1.0, 5.0, 3.0, 5.0, 0.0, 2.0])
+    # by fitness descending, ties by index: 1, 3, 2, 5, 0, 4
+    assert ga.elite_candidates(individuals, fitness, None, 3) == [[1], [3], [2]]
+    assert ga.elite_candidates(individuals, fitness, [9, 9], 3) == [[9, 9], [1], [3]]
+    assert ga.next_parents(individuals, fitness, [9, 9], 3) == [[9, 9], [1], [3]]
+    assert ga.next_parents(individuals, fitness, [3], 3) == [[3], [1], [2]]  # the elite appears once
+
+
+def test_elite_survives_unchanged(runner):
+    """A run's elite (summary: its seed list) decodes to the final weights; after more generations a run of
+    the same seed whose elite did not change keeps exactly that seed list and those weights."""
+    check_ok(runner.run("ga", "--total-timesteps", 150_000, "--eval-episodes", 2, "--exp-name", "a"))
+    a = runner.summary(ENV, "a")
+    policy = ga.Policy(4, gym.spaces.Discrete(2), (64, 64))
+    theta = ga.params_from_seeds(policy, ga.noise_table(1, 2 ** 24), a["elite_seeds"], ga.Args().sigma)
+    assert hashlib.sha256(theta.numpy().tobytes()).hexdigest() == a["theta_sha256"]
+    check_ok(runner.run("ga", "--total-timesteps", 300_000, "--eval-episodes", 2, "--exp-name", "b"))
+    b = runner.summary(ENV, "b")
+    assert b["generations"] > a["generations"]
+    if b["elite_score"] == a["elite_score"] == 500.0:  # a perfect elite can only be replaced by a better mean
+        assert b["elite_seeds"] == a["elite_seeds"] and b["theta_sha256"] == a["theta_sha256"]
+    assert len(b["elite_seeds"]) <= b["generations"]
+
+
+# ------------------------------------------------------------------------------------------ whole runs
+def test_smoke_torchrun_two_workers(runner):
+    check_ok(runner.run("ga", "--total-timesteps", 2000, "--population-size", 8, "--truncation", 3,
+                        "--elite-candidates", 2, "--elite-episodes", 3, "--eval-episodes", 2, "--save-model", nproc=2))
+    s = runner.summary(ENV, "ga")
+    assert SUMMARY_KEYS <= s.keys() and s["algo"] == "ga" and s["world_size"] == 2 and s["global_step"] >= 2000
+    assert s["bytes_per_generation"] < s["parameter_bytes"]
+    assert torch.load(runner.run_dir(ENV, "ga") / "model.pt", weights_only=True)["seeds"] == s["elite_seeds"]
+
+
+def test_learns_cartpole_and_result_does_not_depend_on_worker_count(runner):
+    budget = ["--total-timesteps", 150_000]
+    check_ok(runner.run("ga", *budget, "--exp-name", "one"))
+    one = runner.summary(ENV, "one")
+    assert one["time_to_threshold_s"] is not None and one["eval_return_mean"] >= 475, one
+    check_ok(runner.run("ga", *budget, "--exp-name", "two", "--num-workers", 2))
+    two = runner.summary(ENV, "two")
+    assert two["world_size"] == 2
+    assert_same_result(one, two)
+
+
+def test_mujoco_continuous_actions_run(runner):
+    check_ok(runner.run("ga", "--env-id", "Hopper-v4", "--total-timesteps", 500, "--population-size", 4,
+                        "--truncation", 2, "--elite-candidates", 2, "--elite-episodes", 2, "--eval-episodes", 1))
+    assert runner.summary("Hopper-v4", "ga")["global_step"] >= 500
+
+
+def test_sigterm_checkpoint_and_resume_equal_uninterrupted(runner):
+    args = ["--total-timesteps", 400_000, "--eval-episodes", 2, "--elite-episodes", 10]
+    check_ok(runner.run("ga", *args, "--exp-name", "whole"))
+    proc = runner.start("ga", *args, "--exp-name", "cut", "--num-workers", 2)
+    assert wait_for(lambda: list(runner.run_dir(ENV, "cut").glob("events.*")), 60)
+    time.sleep(0.5)  # the workers install their signal handlers right after creating the event file
+    os.kill(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "checkpoint" in out, out
+    assert not (runner.run_dir(ENV, "cut") / "summary.json").exists()
+    check_ok(runner.run("ga", *args, "--exp-name", "cut", "--resume"))  # decodes the parents from seed lists
+    assert_same_result(runner.summary(ENV, "whole"), runner.summary(ENV, "cut"))
+
+
+def test_dead_worker_ends_job_quickly_without_orphans(runner):
+    proc = runner.start("ga", "--total-timesteps", 10**9, "--num-workers", 2)
+    out = kill_one_worker(proc, "ga.py", runner.run_dir(ENV, "ga").exists)
+    assert "error: worker" in out
+
+
+BAD = [
+    (["--env-id", "NoSuchEnv-v0"], "--env-id"),
+    (["--env-id", "Pong-v5"], "--env-id"),
+    (["--truncation", "64"], "--truncation"),
+    (["--elite-candidates", "0"], "--elite-candidates"),
+    (["--sigma", "-1"], "--sigma"),
+    (["--population-size", "1"], "--population-size"),
+]
+
+
+@pytest.mark.parametrize("args,name", BAD, ids=[b[1] + "=" + b[0][1] for b in BAD])
+def test_bad_arguments_exit_2_naming_the_argument(runner, args, name):
+    assert_bad_argument(runner.run("ga", *args, timeout=60), name, runner.cwd)
