@@ -70,7 +70,7 @@ class Args:
     """write the final theta and observation statistics to runs/<run_name>/model.pt"""
     env_id: str = "CartPole-v1"
     """the envpool environment id (vector observations: classic control, MuJoCo)"""
-    total_timesteps: int = 2_000_000
+    total_timesteps: int = 300_000
     """budget of environment steps over all workers (the run stops after the generation that exceeds it)"""
     eval_episodes: int = 10
     """episodes of the final, unperturbed policy to evaluate at the end"""
@@ -376,6 +376,7 @@ def main(args: Args) -> int:
     adam = adam_init(dim)
     obstat = torch.cat([torch.zeros(obs_dim), torch.full((obs_dim,), 1e-2), torch.tensor([1e-2])]).double()
     generation, global_step, wall_before, time_to_threshold, threshold_step = 0, 0, 0.0, None, None
+    episodes = 0  # run in this process (a resumed run counts from its restart)
     cap = args.episode_cap or max_steps
     recent = deque(maxlen=20)
     if args.resume and os.path.exists(ckpt_path):
@@ -447,6 +448,7 @@ def main(args: Args) -> int:
             cap = min(max_steps, max(1, int(2 * lengths.mean())))
         update_time = time.time() - t1
         generation += 1
+        episodes += 2 * num_pairs
 
         counters = torch.tensor([float(stop["signal"] != 0), rollout_time], dtype=torch.float64)
         if world > 1:
@@ -487,6 +489,7 @@ def main(args: Args) -> int:
                 writer.add_scalar("eval/episodic_return", r, i)
             summary = {"algo": "es", "env_id": args.env_id, "seed": args.seed, "world_size": world,
                        "global_step": global_step, "generations": generation, "wall_time_s": time.time() - PROCESS_START,
+                       "episodes_per_s": episodes / (time.time() - train_start),
                        "sps": sps, "train_time_s": wall, "eval_return_mean": float(np.mean(eval_returns)),
                        "eval_return_std": float(np.std(eval_returns)),
                        "train_return_last20": float(np.mean(recent)) if recent else None,

@@ -71,7 +71,7 @@ class Args:
     """write the elite's parameters and seed list to runs/<run_name>/model.pt"""
     env_id: str = "CartPole-v1"
     """the envpool environment id (vector observations: classic control, MuJoCo)"""
-    total_timesteps: int = 3_000_000
+    total_timesteps: int = 300_000
     """budget of environment steps over all workers (the run stops after the generation that exceeds it)"""
     eval_episodes: int = 10
     """episodes of the final elite to evaluate at the end"""
@@ -369,6 +369,7 @@ def main(args: Args) -> int:
     # the current parents to their parameters, so that building a child is one mutation.
     parents, elite, elite_score, cache = [], None, None, {}
     generation, global_step, wall_before, time_to_threshold, threshold_step = 0, 0, 0.0, None, None
+    episodes = 0  # run in this process (a resumed run counts from its restart)
     recent = deque(maxlen=20)
     if args.resume and os.path.exists(ckpt_path):
         ckpt = torch.load(ckpt_path, weights_only=True)
@@ -426,6 +427,7 @@ def main(args: Args) -> int:
         parents = next_parents(individuals, fitness, elite, args.truncation)
         global_step += int(lengths.sum() + cand_lengths.sum())
         generation += 1
+        episodes += len(individuals) + len(candidates) * E
         rollout_time = time.time() - t0
 
         counters = torch.tensor([float(stop["signal"] != 0), rollout_time], dtype=torch.float64)
@@ -469,6 +471,7 @@ def main(args: Args) -> int:
                 writer.add_scalar("eval/episodic_return", r, i)
             summary = {"algo": "ga", "env_id": args.env_id, "seed": args.seed, "world_size": world,
                        "global_step": global_step, "generations": generation, "wall_time_s": time.time() - PROCESS_START,
+                       "episodes_per_s": episodes / (time.time() - train_start),
                        "sps": sps, "train_time_s": wall, "eval_return_mean": float(np.mean(eval_returns)),
                        "eval_return_std": float(np.std(eval_returns)),
                        "train_return_last20": float(np.mean(recent)) if recent else None,

@@ -28,6 +28,15 @@ SUITES = {
         "ddppo": [PY, str(ROOT / "algos/ddppo.py"), "--seed", "{seed}", "--exp-name", "bench"],
         "sb3_ppo": [PY, str(ROOT / "benchmark/sb3_cartpole.py"), "--algo", "ppo", "--seed", "{seed}", "--out", "{out}"],
     },
+    "evolution": {  # ES and Deep GA with their defaults (one worker) beside SB3 PPO
+        "es": [PY, str(ROOT / "algos/es.py"), "--seed", "{seed}", "--exp-name", "bench"],
+        "ga": [PY, str(ROOT / "algos/ga.py"), "--seed", "{seed}", "--exp-name", "bench"],
+        "sb3_ppo": [PY, str(ROOT / "benchmark/sb3_cartpole.py"), "--algo", "ppo", "--seed", "{seed}", "--out", "{out}"],
+    },
+    "evolution_workers": {  # episodes per second with 1 and 2 workers, same budget (the results are identical)
+        f"{algo}_w{w}": [PY, str(ROOT / f"algos/{algo}.py"), "--seed", "{seed}", "--exp-name", "bench",
+                         "--total-timesteps", "1000000", "--num-workers", str(w)] for algo in ["es", "ga"] for w in [1, 2]
+    },
 }
 
 
@@ -89,19 +98,21 @@ def main() -> None:
                                                   max((r["time_to_threshold_s"] for r in rs if r["time_to_threshold_s"]), default=None)],
                     "reached": sum(r["time_to_threshold_s"] is not None for r in rs), "runs": len(rs),
                     "threshold_step_median": median([r.get("threshold_step") for r in rs]),
-                    "sps_median": median([r["sps"] for r in rs])} for name, rs in results.items()}
+                    "sps_median": median([r["sps"] for r in rs]),
+                    "episodes_per_s_median": median([r.get("episodes_per_s") for r in rs])} for name, rs in results.items()}
     record = {"suite": a.suite, "machine": machine(), "seeds": a.seeds, "command": " ".join(sys.argv),
               "table": table, "runs": results}
     out = Path(a.out or ROOT / "benchmark" / "results" / f"{a.suite}_cartpole.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2))
-    print(f"\n| entry | time to threshold, median [range] | reached | steps to threshold (median) | SPS (median) |")
-    print("|---|---|---|---|---|")
+    print(f"\n| entry | time to threshold, median [range] | reached | steps to threshold (median) | SPS (median) | episodes/s (median) |")
+    print("|---|---|---|---|---|---|")
     for name, t in table.items():
         lo, hi = t["time_to_threshold_range_s"]
         rng = f"{t['time_to_threshold_median_s']:.2f} s [{lo:.2f}-{hi:.2f}]" if lo is not None else "not reached"
         steps = f"{t['threshold_step_median']:.0f}" if t["threshold_step_median"] else "-"
-        print(f"| {name} | {rng} | {t['reached']}/{t['runs']} | {steps} | {t['sps_median']:.0f} |")
+        eps = f"{t['episodes_per_s_median']:.0f}" if t["episodes_per_s_median"] else "-"
+        print(f"| {name} | {rng} | {t['reached']}/{t['runs']} | {steps} | {t['sps_median']:.0f} | {eps} |")
     print(f"\nwritten to {out} ({record['machine']})")
 
 
