@@ -33,6 +33,14 @@ SUITES = {
         "ga": [PY, str(ROOT / "algos/ga.py"), "--seed", "{seed}", "--exp-name", "bench"],
         "sb3_ppo": [PY, str(ROOT / "benchmark/sb3_cartpole.py"), "--algo", "ppo", "--seed", "{seed}", "--out", "{out}"],
     },
+    "evolution_mujoco": {  # learning curves within a stated budget (3M steps), 2 workers
+        "es_halfcheetah": [PY, str(ROOT / "algos/es.py"), "--seed", "{seed}", "--exp-name", "bench", "--env-id",
+                           "HalfCheetah-v4", "--population-size", "64", "--sigma", "0.02", "--learning-rate", "0.01",
+                           "--total-timesteps", "3000000", "--num-workers", "2"],
+        "ga_hopper": [PY, str(ROOT / "algos/ga.py"), "--seed", "{seed}", "--exp-name", "bench", "--env-id", "Hopper-v4",
+                      "--population-size", "128", "--truncation", "16", "--sigma", "0.02", "--elite-episodes", "5",
+                      "--total-timesteps", "3000000", "--num-workers", "2"],
+    },
     "evolution_workers": {  # episodes per second with 1 and 2 workers, same budget (the results are identical)
         f"{algo}_w{w}": [PY, str(ROOT / f"algos/{algo}.py"), "--seed", "{seed}", "--exp-name", "bench",
                          "--total-timesteps", "1000000", "--num-workers", str(w)] for algo in ["es", "ga"] for w in [1, 2]
