@@ -113,7 +113,7 @@ def main() -> None:
     out = Path(a.out or ROOT / "benchmark" / "results" / f"{a.suite}_cartpole.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2))
-    print(f"\n| entry | time to threshold, median [range] | reached | steps to threshold (median) | SPS (median) | episodes/s (median) |")
+    print("\n| entry | time to threshold, median [range] | reached | steps to threshold (median) | SPS (median) | episodes/s (median) |")
     print("|---|---|---|---|---|---|")
     for name, t in table.items():
         lo, hi = t["time_to_threshold_range_s"]

@@ -144,3 +144,24 @@ LAUNCH_KEYS = {"wall_time_s", "sps", "train_time_s", "time_to_threshold_s", "wor
 
 def assert_same_result(a: dict, b: dict) -> None:
     assert {k: v for k, v in a.items() if k not in LAUNCH_KEYS} == {k: v for k, v in b.items() if k not in LAUNCH_KEYS}
+
+
+def bad_cases(cases: list) -> list:
+    """[(args, argument name), ...] as pytest parameters named after the argument and value."""
+    return [pytest.param(args, name, id=f"{name}={args[1]}") for args, name in cases]
+
+
+def sigterm_and_resume(runner: Runner, name: str, env_id: str, *args) -> None:
+    """Run `name ARGS` to the end ("whole"); run it again with 2 spawned workers ("cut"), SIGTERM it once it has
+    started, expect exit 0 with a checkpoint and no summary, resume it with 1 worker, and expect the same result."""
+    import signal
+    check_ok(runner.run(name, *args, "--exp-name", "whole"))
+    proc = runner.start(name, *args, "--exp-name", "cut", "--num-workers", 2)
+    assert wait_for(lambda: list(runner.run_dir(env_id, "cut").glob("events.*")), 60)
+    time.sleep(0.5)  # the workers install their signal handlers right after creating the event file
+    os.kill(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "checkpoint" in out, out
+    assert not (runner.run_dir(env_id, "cut") / "summary.json").exists(), "the run ended before the signal"
+    check_ok(runner.run(name, *args, "--exp-name", "cut", "--resume"))
+    assert_same_result(runner.summary(env_id, "whole"), runner.summary(env_id, "cut"))

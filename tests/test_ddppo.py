@@ -2,7 +2,6 @@
 import math
 import os
 import signal
-import subprocess
 import time
 
 import pytest
@@ -10,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import SUMMARY_KEYS, assert_bad_argument, check_ok, free_port, kill_one_worker, load_algo, wait_for
+from conftest import SUMMARY_KEYS, assert_bad_argument, bad_cases, check_ok, free_port, kill_one_worker, load_algo, wait_for
 
 ddppo = load_algo("ddppo")
 ENV = "CartPole-v1"
@@ -298,6 +297,6 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("args,name", BAD, ids=[b[1] + "=" + b[0][1] for b in BAD])
+@pytest.mark.parametrize("args,name", bad_cases(BAD))
 def test_bad_arguments_exit_2_naming_the_argument(runner, args, name):
     assert_bad_argument(runner.run("ddppo", *args, timeout=60), name, runner.cwd)

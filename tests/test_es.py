@@ -1,17 +1,15 @@
 """ES: the estimator and its parts against slow references, worker-count invariance, and whole runs."""
 import hashlib
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import (ROOT, SUMMARY_KEYS, assert_bad_argument, assert_same_result, check_ok, kill_one_worker,
-                      load_algo, wait_for)
+from conftest import (ROOT, SUMMARY_KEYS, assert_bad_argument, assert_same_result, bad_cases, check_ok, kill_one_worker,
+                      load_algo, sigterm_and_resume)
 
 es = load_algo("es")
 ENV = "CartPole-v1"
@@ -104,7 +102,7 @@ def test_batched_policy_matches_one_network_per_individual():
     obs = torch.randn(6, 4, generator=g)
     out = policy.forward(params, obs)
     for p in range(6):
-        layers, offset, h = [], 0, obs[p]
+        offset, h = 0, obs[p]
         for k, (o, i) in enumerate(policy.shapes):
             w, b = params[p, offset:offset + o * i].view(o, i), params[p, offset + o * i:offset + o * i + o]
             offset += o * i + o
@@ -159,17 +157,7 @@ def test_mujoco_continuous_actions_run(runner):
 
 
 def test_sigterm_checkpoint_and_resume_equal_uninterrupted(runner):
-    args = ["--total-timesteps", 100_000, "--eval-episodes", 2]
-    check_ok(runner.run("es", *args, "--exp-name", "whole"))
-    proc = runner.start("es", *args, "--exp-name", "cut", "--num-workers", 2)
-    assert wait_for(lambda: list(runner.run_dir(ENV, "cut").glob("events.*")), 60)
-    time.sleep(0.5)  # the workers install their signal handlers right after creating the event file
-    os.kill(proc.pid, signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0 and "checkpoint" in out, out
-    assert not (runner.run_dir(ENV, "cut") / "summary.json").exists()
-    check_ok(runner.run("es", *args, "--exp-name", "cut", "--resume"))
-    assert_same_result(runner.summary(ENV, "whole"), runner.summary(ENV, "cut"))
+    sigterm_and_resume(runner, "es", ENV, "--total-timesteps", 100_000, "--eval-episodes", 2)
 
 
 def test_dead_worker_ends_job_quickly_without_orphans(runner):
@@ -188,6 +176,6 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("args,name", BAD, ids=[b[1] + "=" + b[0][1] for b in BAD])
+@pytest.mark.parametrize("args,name", bad_cases(BAD))
 def test_bad_arguments_exit_2_naming_the_argument(runner, args, name):
     assert_bad_argument(runner.run("es", *args, timeout=60), name, runner.cwd)

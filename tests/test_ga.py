@@ -1,17 +1,14 @@
 """Deep GA: the seed-list encoding, selection and the elite against slow references, worker-count invariance,
 and whole runs."""
 import hashlib
-import os
-import signal
-import time
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
-from conftest import (SUMMARY_KEYS, assert_bad_argument, assert_same_result, check_ok, kill_one_worker, load_algo,
-                      wait_for)
+from conftest import (SUMMARY_KEYS, assert_bad_argument, assert_same_result, bad_cases, check_ok, kill_one_worker,
+                      load_algo, sigterm_and_resume)
 
 ga = load_algo("ga")
 ENV = "CartPole-v1"
@@ -113,18 +110,8 @@ def test_mujoco_continuous_actions_run(runner):
     assert runner.summary("Hopper-v4", "ga")["global_step"] >= 500
 
 
-def test_sigterm_checkpoint_and_resume_equal_uninterrupted(runner):
-    args = ["--total-timesteps", 400_000, "--eval-episodes", 2, "--elite-episodes", 10]
-    check_ok(runner.run("ga", *args, "--exp-name", "whole"))
-    proc = runner.start("ga", *args, "--exp-name", "cut", "--num-workers", 2)
-    assert wait_for(lambda: list(runner.run_dir(ENV, "cut").glob("events.*")), 60)
-    time.sleep(0.5)  # the workers install their signal handlers right after creating the event file
-    os.kill(proc.pid, signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0 and "checkpoint" in out, out
-    assert not (runner.run_dir(ENV, "cut") / "summary.json").exists()
-    check_ok(runner.run("ga", *args, "--exp-name", "cut", "--resume"))  # decodes the parents from seed lists
-    assert_same_result(runner.summary(ENV, "whole"), runner.summary(ENV, "cut"))
+def test_sigterm_checkpoint_and_resume_equal_uninterrupted(runner):  # decodes the parents from their seed lists
+    sigterm_and_resume(runner, "ga", ENV, "--total-timesteps", 400_000, "--eval-episodes", 2, "--elite-episodes", 10)
 
 
 def test_dead_worker_ends_job_quickly_without_orphans(runner):
@@ -143,6 +130,6 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("args,name", BAD, ids=[b[1] + "=" + b[0][1] for b in BAD])
+@pytest.mark.parametrize("args,name", bad_cases(BAD))
 def test_bad_arguments_exit_2_naming_the_argument(runner, args, name):
     assert_bad_argument(runner.run("ga", *args, timeout=60), name, runner.cwd)
