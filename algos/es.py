@@ -296,10 +296,12 @@ def rollout_population(policy: Policy, params: torch.Tensor, env_id: str, seed: 
         x = ((o.float() - mean) / std).clamp(-clip, clip)
         with torch.no_grad():
             action = policy.act(params, x)
-        obs, r, term, trunc, _ = envs.step(action)
-        returns += r * alive
-        lengths += alive
-        alive &= ~(term | trunc)
+        ids = np.flatnonzero(alive)  # step only the envs whose episode goes on (envpool steps a subset by id)
+        o, r, term, trunc, info = envs.step(action[ids], ids)
+        obs[info["env_id"]] = o
+        returns[info["env_id"]] += r
+        lengths[ids] += 1
+        alive[info["env_id"]] = ~(term | trunc)
         if not alive.any():
             break
     envs.close()
@@ -421,15 +423,10 @@ def main(args: Args) -> int:
         rets, lens, stats = rollout_population(policy, params, args.env_id, env_seed(args, generation, 2 * lo),
                                                mean, std, args.obs_clip, cap, env_threads)
         # What crosses between workers, per pair: global index, noise index, 2 returns, 2 lengths, obs statistics.
-        rows = torch.zeros(per_rank, 6 + 2 * obs_dim + 1, dtype=torch.float64)
-        rows[:, 0] = -1  # padding
-        k = hi - lo
-        if k:
-            rows[:k, 0] = torch.arange(lo, hi, dtype=torch.float64)
-            rows[:k, 1] = torch.as_tensor(indices[lo:hi], dtype=torch.float64)
-            rows[:k, 2:4] = torch.as_tensor(rets.reshape(k, 2))
-            rows[:k, 4:6] = torch.as_tensor(lens.reshape(k, 2), dtype=torch.float64)
-            rows[:k, 6:] = stats[0::2] + stats[1::2]
+        rows = torch.full((per_rank, 6 + 2 * obs_dim + 1), -1.0, dtype=torch.float64)  # padding rows keep index -1
+        rows[:hi - lo] = torch.cat([torch.as_tensor(np.stack([np.arange(lo, hi), indices[lo:hi]], 1), dtype=torch.float64),
+                                    torch.as_tensor(rets.reshape(-1, 2)), torch.as_tensor(lens.reshape(-1, 2)).double(),
+                                    stats[0::2] + stats[1::2]], 1)
         rollout_time = time.time() - t0
         if world > 1:
             gathered = [torch.empty_like(rows) for _ in range(world)]

@@ -267,10 +267,12 @@ def rollout_population(policy: Policy, params: torch.Tensor, env_id: str, seed: 
     for _ in range(cap):
         with torch.no_grad():
             action = policy.act(params, torch.as_tensor(obs, dtype=torch.float32))
-        obs, r, term, trunc, _ = envs.step(action)
-        returns += r * alive
-        lengths += alive
-        alive &= ~(term | trunc)
+        ids = np.flatnonzero(alive)  # step only the envs whose episode goes on (envpool steps a subset by id)
+        o, r, term, trunc, info = envs.step(action[ids], ids)
+        obs[info["env_id"]] = o
+        returns[info["env_id"]] += r
+        lengths[ids] += 1
+        alive[info["env_id"]] = ~(term | trunc)
         if not alive.any():
             break
     envs.close()
