@@ -55,7 +55,7 @@ def machine() -> dict:
     except (OSError, StopIteration):
         pass
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "algos", "benchmark"], cwd=ROOT,
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "algos", "benchmark", ":!benchmark/results"], cwd=ROOT,
                                 capture_output=True, text=True).stdout.strip())
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "commit": commit + ("+dirty" if dirty else ""),
             "date": datetime.datetime.now().isoformat(timespec="seconds")}
