@@ -139,7 +139,8 @@ def kill_one_worker(proc: subprocess.Popen, script: str, ready, min_workers: int
 
 
 # summary.json keys that measure time or depend on the launch (worker count, padding), not the result
-LAUNCH_KEYS = {"wall_time_s", "sps", "train_time_s", "time_to_threshold_s", "world_size", "bytes_per_generation"}
+LAUNCH_KEYS = {"wall_time_s", "sps", "train_time_s", "time_to_threshold_s", "world_size", "bytes_per_generation",
+               "episodes_per_s"}
 
 
 def assert_same_result(a: dict, b: dict) -> None:
