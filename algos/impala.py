@@ -1,0 +1,755 @@
+# docs: docs/impala.md | paper: https://arxiv.org/abs/1802.01561
+"""IMPALA: Importance Weighted Actor-Learner Architecture (Espeholt et al., 2018).
+
+Actor processes step their own envpool batches with a local CPU copy of the policy and write unrolls into
+preallocated shared-memory buffers, handed over through bounded free/full index queues. The learner trains on
+batches of unrolls with the V-trace off-policy correction (actors lag behind the learner) and publishes new
+parameters that the actors pick up. Under torchrun every rank is a learner with its own actors; learners
+all-reduce gradients.
+
+  python algos/impala.py                                            # 1 learner + one actor per core, CartPole-v1
+  torchrun --standalone --nproc_per_node=2 algos/impala.py          # 2 learners, each with its own actors
+"""
+import ctypes
+import json
+import math
+import os
+import queue
+import random
+import signal
+import sys
+import time
+import warnings
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Literal, Optional
+
+
+def process_start_time() -> float:
+    """Wall-clock time at which this process started (Linux /proc), so start-up and imports are counted."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - uptime + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
+PROCESS_START = process_start_time()
+
+import envpool  # noqa: E402
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import tyro  # noqa: E402
+
+
+@dataclass
+class Args:
+    # --- common to every distrl file ---
+    exp_name: str = "impala"
+    """the name of this experiment (part of the run name)"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """deterministic CUDA kernels (`torch.use_deterministic_algorithms`); CPU runs are deterministic anyway"""
+    cuda: bool = True
+    """run the learner on CUDA when it is available (actors always run on the CPU)"""
+    track: bool = False
+    """log to Weights & Biases as well as TensorBoard"""
+    wandb_project_name: str = "distrl"
+    """the wandb project name"""
+    wandb_entity: Optional[str] = None
+    """the wandb entity (team)"""
+    capture_video: bool = False
+    """save the frames of the first evaluation episode (Atari) to runs/<run_name>/videos/eval_episode0.npz"""
+    save_model: bool = False
+    """write the final weights (state_dict) to runs/<run_name>/model.pt"""
+    env_id: str = "CartPole-v1"
+    """the envpool environment id"""
+    total_timesteps: int = 200_000
+    """total environment steps consumed by the learners, over all ranks"""
+    eval_episodes: int = 10
+    """episodes of the final, greedy policy to evaluate at the end"""
+    # --- algorithm ---
+    network: Literal["auto", "mlp", "nature", "resnet"] = "auto"
+    """torso: 64-64 tanh MLP, Nature-CNN, or the paper's deep residual network (auto: MLP for vectors, Nature-CNN for images)"""
+    use_lstm: bool = False
+    """an LSTM core between torso and heads (state kept per env, reset at episode starts)"""
+    optimizer: Literal["rmsprop", "adam"] = "adam"
+    """RMSProp (the paper's optimizer) or Adam"""
+    learning_rate: float = 2e-3
+    """the optimizer's learning rate"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to zero (as in the paper)"""
+    rmsprop_alpha: float = 0.99
+    """RMSProp's decay of the squared-gradient average (paper: 0.99)"""
+    rmsprop_eps: float = 0.01
+    """RMSProp's epsilon (paper: 0.01); Adam's is 1e-5"""
+    num_envs: int = 8
+    """environments stepped by each actor"""
+    unroll_length: int = 20
+    """steps per unroll (paper: 20)"""
+    batch_size: int = 8
+    """trajectories (one env's unroll each) per learner update (paper: 32); a multiple of num_envs"""
+    gamma: float = 0.99
+    """discount factor"""
+    rho_bar: float = 1.0
+    """V-trace's truncation of the importance weights rho (paper: 1)"""
+    c_bar: float = 1.0
+    """V-trace's truncation of the trace coefficients c (paper: 1)"""
+    vtrace_lambda: float = 1.0
+    """lambda scaling the trace coefficients, c_i = lambda min(c_bar, pi/mu) (paper: 1)"""
+    ent_coef: float = 0.01
+    """entropy bonus coefficient"""
+    vf_coef: float = 0.5
+    """baseline (value) loss coefficient"""
+    max_grad_norm: float = 40.0
+    """global gradient-norm clip, applied after the all-reduce (paper: 40)"""
+    torch_threads: int = 0
+    """learner's torch threads (0: 1; actors always use 1)"""
+    env_threads: int = 0
+    """envpool threads per actor (0: 1)"""
+    # --- distributed ---
+    num_actors: int = 0
+    """actor processes per learner (0: one per core)"""
+    num_buffers: int = 0
+    """shared-memory unroll buffers per learner (0: max(2 x unrolls per batch, unrolls per batch + 2 x actors))"""
+    deterministic: bool = False
+    """actors act with the parameters of exactly one update ago and unrolls are consumed in a fixed order:
+    bitwise reproducible on CPU, at the price of actors waiting for the learner"""
+    checkpoint_every: int = 0
+    """write runs/<run_name>/checkpoint.pt every this many updates (0: only on SIGTERM/SIGUSR1)"""
+    resume: bool = False
+    """continue from runs/<run_name>/checkpoint.pt when it exists"""
+    # --- computed at run time ---
+    world_size: int = field(default=1, init=False)
+    rank: int = field(default=0, init=False)
+    local_rank: int = field(default=0, init=False)
+    unrolls_per_batch: int = field(default=0, init=False)
+    num_updates: int = field(default=0, init=False)
+    run_name: str = field(default="", init=False)
+
+
+def fail(arg: str, message: str) -> None:
+    """Bad argument: one line naming it on stderr, exit code 2 (as argparse does)."""
+    print(f"{os.path.basename(sys.argv[0])}: error: --{arg.replace('_', '-')}: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def validate(args: Args) -> None:
+    for name in ["total_timesteps", "num_envs", "unroll_length", "batch_size", "eval_episodes", "learning_rate",
+                 "rho_bar", "c_bar", "rmsprop_eps"]:
+        if getattr(args, name) <= 0:
+            fail(name, f"must be positive, got {getattr(args, name)}")
+    for name in ["torch_threads", "env_threads", "num_actors", "num_buffers", "checkpoint_every", "ent_coef",
+                 "vf_coef", "max_grad_norm"]:
+        if getattr(args, name) < 0:
+            fail(name, f"must not be negative, got {getattr(args, name)}")
+    for name in ["gamma", "vtrace_lambda", "rmsprop_alpha"]:
+        if not 0.0 < getattr(args, name) <= 1.0:
+            fail(name, f"must be in (0, 1], got {getattr(args, name)}")
+    if args.batch_size % args.num_envs:
+        fail("batch_size", f"{args.batch_size} is not a multiple of --num-envs {args.num_envs}")
+    unrolls, actors = args.batch_size // args.num_envs, args.num_actors or os.cpu_count()
+    if args.deterministic and unrolls % actors:
+        fail("num_actors", f"{actors} actors do not divide the {unrolls} unrolls of a batch (needed by --deterministic)")
+    if args.num_buffers and args.num_buffers < (2 * unrolls if args.deterministic else unrolls):
+        fail("num_buffers", f"{args.num_buffers} is too few for {unrolls} unrolls per batch"
+             f"{' (--deterministic needs two batches)' if args.deterministic else ''}")
+    if args.env_id not in envpool.list_all_envs():
+        fail("env_id", f"'{args.env_id}' is not an envpool environment")
+    spec = envpool.make_spec(args.env_id)
+    obs_space, act_space = spec.observation_space, spec.action_space
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
+        fail("env_id", f"'{args.env_id}' has observation space {obs_space}; IMPALA here needs a flat or image Box")
+    if not isinstance(act_space, gym.spaces.Discrete):
+        fail("env_id", f"'{args.env_id}' has action space {act_space}; IMPALA here needs Discrete actions")
+    if args.network in ("nature", "resnet") and len(obs_space.shape) != 3:
+        fail("network", f"'{args.network}' needs image observations; '{args.env_id}' has {obs_space.shape}")
+    if args.network == "mlp" and len(obs_space.shape) != 1:
+        fail("network", f"'mlp' needs flat observations; '{args.env_id}' has {obs_space.shape}")
+    if args.capture_video and len(obs_space.shape) != 3:
+        fail("capture_video", "frames are saved for Atari (image) environments only")
+
+
+# ----------------------------------------------------------------------------------------------- environment
+def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, **kwargs):
+    """An envpool batch. Env i of the batch is seeded with seed + i. Atari gets DeepMind preprocessing."""
+    extra = {}
+    if len(envpool.make_spec(env_id).observation_space.shape) == 3:  # Atari: 84x84 grey, 4 stacked, skip 4
+        extra = dict(episodic_life=True, reward_clip=True, noop_max=30, repeat_action_probability=0.0)
+    extra.update(kwargs)
+    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_threads=num_threads,
+                        thread_affinity_offset=-1, **extra)
+
+
+def env_seed(args: Args, rank: int, actor: int, update: int) -> int:
+    """Seed of env 0 of `actor` on `rank` when actors start at `update`: distinct for every env, actor, rank and
+    restart point."""
+    return args.seed + ((update * args.world_size + rank) * args.num_actors + actor) * args.num_envs
+
+
+# ----------------------------------------------------------------------------------------------- networks
+def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Module:
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias)
+    return layer
+
+
+def mlp(n_in: int, n_out: int, out_std: float) -> nn.Module:
+    return nn.Sequential(layer_init(nn.Linear(n_in, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
+                         layer_init(nn.Linear(64, n_out), out_std))
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x):
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+
+def resnet_torso(in_channels: int) -> nn.Module:
+    """The paper's deep network (Figure 3, right): three sections of conv 3x3, max-pool 3x3 stride 2 and two
+    residual blocks, with 16, 32, 32 channels; then ReLU and a 256-unit fully connected layer."""
+    layers, c = [], in_channels
+    for out in (16, 32, 32):
+        layers += [nn.Conv2d(c, out, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
+                   ResidualBlock(out), ResidualBlock(out)]
+        c = out
+    return nn.Sequential(*layers, nn.ReLU(), nn.Flatten(), nn.Linear(32 * 11 * 11, 256), nn.ReLU())
+
+
+class Agent(nn.Module):
+    """Torso, optional LSTM core, policy-logit and baseline heads. Images: a shared Nature-CNN or residual torso
+    with linear heads (the paper's layout). Vectors: two 64-64 tanh MLPs as heads, policy and baseline apart
+    (docs/conventions.md). `forward` takes a time axis, [T, N, ...], so actors (T = 1) and the learner
+    (T = unroll + 1) share it."""
+
+    def __init__(self, obs_shape, num_actions: int, network: str = "auto", use_lstm: bool = False):
+        super().__init__()
+        self.image = len(obs_shape) == 3
+        network = ("nature" if self.image else "mlp") if network == "auto" else network
+        if network == "mlp":
+            self.torso, width = nn.Identity(), int(np.prod(obs_shape))
+        elif network == "nature":
+            self.torso = nn.Sequential(
+                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)), nn.ReLU(),
+                layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+                layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten(),
+                layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU())
+            width = 512
+        else:
+            self.torso, width = resnet_torso(obs_shape[0]), 256
+        self.core = nn.LSTMCell(width, 64 if network == "mlp" else 256) if use_lstm else None
+        width = self.core.hidden_size if use_lstm else width
+        if network == "mlp":
+            self.policy, self.baseline = mlp(width, num_actions, 0.01), mlp(width, 1, 1.0)
+        else:
+            self.policy = layer_init(nn.Linear(width, num_actions), 0.01)
+            self.baseline = layer_init(nn.Linear(width, 1), 1.0)
+
+    def initial_state(self, n: int, device=None):
+        """Zero LSTM state (h, c) stacked as [2, n, width]; an empty tensor without LSTM."""
+        width = self.core.hidden_size if self.core is not None else 0
+        return torch.zeros(2, n, width, device=device)
+
+    def forward(self, obs: torch.Tensor, valid: torch.Tensor, state: torch.Tensor):
+        """obs [T, N, ...], valid [T, N] (0 on envpool's reset steps), state [2, N, H] -> logits [T, N, A],
+        values [T, N], state after the last step. The LSTM state is zeroed after a reset step, so every episode
+        starts from the zero state."""
+        T, N = obs.shape[:2]
+        x = obs.reshape((T * N,) + obs.shape[2:]).float()
+        h = self.torso(x / 255.0 if self.image else x)
+        if self.core is not None:
+            h, outs = h.view(T, N, -1), []
+            hx, cx = state[0], state[1]
+            for t in range(T):
+                hx, cx = self.core(h[t], (hx, cx))
+                outs.append(hx)
+                keep = valid[t].unsqueeze(-1)
+                hx, cx = hx * keep, cx * keep
+            h, state = torch.stack(outs).view(T * N, -1), torch.stack([hx, cx])
+        return self.policy(h).view(T, N, -1), self.baseline(h).view(T, N), state
+
+
+# ----------------------------------------------------------------------------------------------- algorithm
+@torch.no_grad()
+def vtrace(behaviour_logp, target_logp, rewards, values, bootstrap_value, terms, dones, valid,
+           gamma: float, rho_bar: float = 1.0, c_bar: float = 1.0, lam: float = 1.0):
+    """V-trace targets v_s and policy-gradient advantages over a [T, B] batch (paper, Section 4.1):
+
+      rho_t = min(rho_bar, pi/mu),  c_t = lam * min(c_bar, pi/mu)
+      delta_t = rho_t (r_t + gamma_t V(x_{t+1}) - V(x_t))            gamma_t = gamma (1 - terminated_t)
+      v_s - V(x_s) = delta_s + gamma c_s (v_{s+1} - V(x_{s+1}))      (the trace is cut where an episode ends)
+      A_s = rho_s (r_s + gamma_s v_{s+1} - V(x_s))
+
+    V(x_T) is bootstrap_value. A truncated step bootstraps from the value of the final observation, which envpool
+    returns as x_{t+1}. Steps with valid = 0 (envpool's reset step after an episode end) have v_s = V(x_s)."""
+    ratio = (target_logp - behaviour_logp).exp()
+    rho, c = ratio.clamp(max=rho_bar), lam * ratio.clamp(max=c_bar)
+    discounts = gamma * (1.0 - terms)
+    next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)])
+    deltas = valid * rho * (rewards + discounts * next_values - values)
+    traces = gamma * (1.0 - dones) * c
+    corrections = torch.zeros_like(values)
+    acc = torch.zeros_like(bootstrap_value)
+    for t in reversed(range(values.shape[0])):
+        acc = valid[t] * (deltas[t] + traces[t] * acc)
+        corrections[t] = acc
+    vs = values + corrections
+    next_vs = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)])
+    return vs, rho * (rewards + discounts * next_vs - values)
+
+
+def impala_loss(agent: Agent, batch: dict, args: Args):
+    """Policy gradient weighted by the V-trace advantages, baseline loss towards v_s, entropy bonus; means over
+    the valid steps of the batch. batch: obs [T+1, B, ...], the rest [T, B] (logits [T, B, A], state [2, B, H])."""
+    T = batch["actions"].shape[0]
+    valid_all = torch.cat([batch["valid"], torch.ones_like(batch["valid"][:1])])
+    logits, values, _ = agent(batch["obs"], valid_all, batch["state"])
+    logp_all = torch.log_softmax(logits[:T], dim=-1)
+    target_logp = logp_all.gather(-1, batch["actions"].unsqueeze(-1)).squeeze(-1)
+    behaviour_logp = torch.log_softmax(batch["logits"], dim=-1).gather(-1, batch["actions"].unsqueeze(-1)).squeeze(-1)
+    vs, pg_adv = vtrace(behaviour_logp, target_logp.detach(), batch["rewards"], values[:T].detach(), values[T].detach(),
+                        batch["terms"], batch["dones"], batch["valid"], args.gamma, args.rho_bar, args.c_bar,
+                        args.vtrace_lambda)
+    valid = batch["valid"]
+    n = valid.sum().clamp(min=1.0)
+    pg_loss = -(pg_adv * target_logp * valid).sum() / n
+    baseline_loss = 0.5 * (((vs - values[:T]) ** 2) * valid).sum() / n
+    entropy = (-(logp_all.exp() * logp_all).sum(-1) * valid).sum() / n
+    loss = pg_loss + args.vf_coef * baseline_loss - args.ent_coef * entropy
+    return loss, torch.stack([pg_loss, baseline_loss, entropy]).detach()
+
+
+def rmsprop_step(params, grad: torch.Tensor, state: dict, lr: float, alpha: float = 0.99, eps: float = 0.01) -> None:
+    """RMSProp on the flat gradient vector, in torch.optim.RMSprop's form (bitwise equal to it, momentum 0):
+    v <- alpha v + (1 - alpha) g^2;  p <- p - lr g / (sqrt(v) + eps). Written out, as is Adam, because
+    constructing a torch.optim optimizer imports torch._dynamo (over a second of start-up)."""
+    state["step"] += 1
+    state["v"].mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
+    update = lr * grad / state["v"].sqrt().add_(eps)
+    apply_update(params, update)
+
+
+def adam_step(params, grad: torch.Tensor, state: dict, lr: float, betas=(0.9, 0.999), eps: float = 1e-5) -> None:
+    """Adam (Kingma & Ba, 2015) on the flat gradient vector, in torch.optim.Adam's order of operations."""
+    b1, b2 = betas
+    state["step"] += 1
+    state["m"].lerp_(grad, 1 - b1)
+    state["v"].mul_(b2).addcmul_(grad, grad, value=1 - b2)
+    denom = (state["v"].sqrt() / math.sqrt(1 - b2 ** state["step"])).add_(eps)
+    apply_update(params, (lr / (1 - b1 ** state["step"])) * state["m"] / denom)
+
+
+def apply_update(params, update: torch.Tensor) -> None:
+    with torch.no_grad():
+        offset = 0
+        for p in params:
+            p.sub_(update[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def optimizer_init(params) -> dict:
+    n = sum(p.numel() for p in params)
+    return {"step": 0, "m": torch.zeros(n, device=params[0].device), "v": torch.zeros(n, device=params[0].device)}
+
+
+def clip_grad(grad: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Scale the flat gradient to a global norm of at most max_norm (as torch.nn.utils.clip_grad_norm_)."""
+    return grad.mul_(torch.clamp(max_norm / (grad.norm() + 1e-6), max=1.0))
+
+
+# ----------------------------------------------------------------------------------------------- roles
+def shared_buffers(args: Args, spec, num_buffers: int, state_width: int) -> dict:
+    """Preallocated unroll buffers in shared memory, [K, ...] for K buffers: observations x_0..x_T, and per step t
+    the action, behaviour logits, reward, terminated, done (terminated or truncated), valid, the return and length
+    of an episode that ended at t (NaN elsewhere); the LSTM state before x_0; who produced it, with what version."""
+    T, N, A = args.unroll_length, args.num_envs, spec.action_space.n
+    obs_shape = spec.observation_space.shape
+    b = {"obs": torch.zeros((num_buffers, T + 1, N) + obs_shape, dtype=torch.uint8 if len(obs_shape) == 3 else torch.float32),
+         "actions": torch.zeros((num_buffers, T, N), dtype=torch.long),
+         "logits": torch.zeros((num_buffers, T, N, A)),
+         "state": torch.zeros((num_buffers, 2, N, state_width)),
+         "meta": torch.zeros((num_buffers, 3), dtype=torch.long)}  # parameter version, actor, sequence number
+    for k in ["rewards", "terms", "dones", "valid", "ep_return", "ep_length"]:
+        b[k] = torch.zeros((num_buffers, T, N))
+    return {k: v.share_memory_() for k, v in b.items()}
+
+
+class ParameterStore:
+    """The learner's latest parameters in shared memory, double-buffered: version v lives in slot v % 2. A
+    sequence counter per slot (odd while it is written) lets actors copy without a lock, so an actor killed in
+    the middle of a copy cannot block anyone."""
+
+    def __init__(self, num_params: int):
+        self.slots = torch.zeros(2, num_params).share_memory_()
+        self.seq = torch.zeros(2, dtype=torch.long).share_memory_()
+        self.slot_version = torch.full((2,), -1, dtype=torch.long).share_memory_()
+        self.version = torch.full((1,), -1, dtype=torch.long).share_memory_()
+
+    def publish(self, flat: torch.Tensor, version: int) -> None:
+        s = version % 2
+        self.seq[s] += 1
+        self.slots[s].copy_(flat)
+        self.slot_version[s] = version
+        self.seq[s] += 1
+        self.version[0] = version
+
+    def read(self, out: torch.Tensor, version: Optional[int] = None) -> int:
+        """Copy version `version` (None: the latest) into out; waits until it is published. Returns the version."""
+        while True:
+            v = int(self.version[0]) if version is None else version
+            if v < 0 or int(self.version[0]) < v:
+                time.sleep(0.0005)
+                continue
+            s = v % 2
+            before = int(self.seq[s])
+            if before % 2 == 0 and int(self.slot_version[s]) == v:
+                out.copy_(self.slots[s])
+                if int(self.seq[s]) == before:
+                    return v
+            if version is not None and int(self.version[0]) > v + 1:
+                raise RuntimeError(f"parameter version {v} was overwritten before it was read")
+
+
+def flat_params(agent: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in agent.parameters()]).cpu()
+
+
+def load_flat(agent: nn.Module, flat: torch.Tensor) -> None:
+    torch.nn.utils.vector_to_parameters(flat, agent.parameters())
+
+
+def actor_loop(actor: int, args: Args, spec, buffers: dict, store: ParameterStore, free_q, full_q,
+               start_update: int) -> None:
+    """One actor: step an envpool batch with a local copy of the policy; fill a free buffer with an unroll, pass
+    its index to the learner through the full queue, repeat. Default mode: the latest parameters before every
+    unroll. Deterministic mode: the unrolls of round r (those the learner consumes in update r) use the
+    parameters of version r - 1, i.e. exactly one update old (the first round after a start uses the current)."""
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the learner, whatever kills it
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    torch.set_num_threads(1)
+    T, N = args.unroll_length, args.num_envs
+    seed = env_seed(args, args.rank, actor, start_update)
+    envs = make_env(args.env_id, N, seed, args.env_threads or 1)
+    generator = torch.Generator().manual_seed(seed)
+    agent = Agent(spec.observation_space.shape, spec.action_space.n, args.network, args.use_lstm)
+    flat = flat_params(agent)
+    obs = torch.as_tensor(envs.reset()[0])
+    valid, state = torch.ones(N), agent.initial_state(N)
+    ep_return, ep_length, prev_done = np.zeros(N), np.zeros(N), np.zeros(N, dtype=bool)
+    per_round = args.unrolls_per_batch // args.num_actors
+    loaded, sequence = -1, 0
+    while True:
+        if args.deterministic:
+            rnd = start_update + sequence // per_round
+            wanted = max(rnd - 1, start_update)
+            if wanted != loaded:
+                loaded = store.read(flat, wanted)
+                load_flat(agent, flat)
+        elif int(store.version[0]) != loaded:  # default mode: the latest parameters, when there are new ones
+            loaded = store.read(flat)
+            load_flat(agent, flat)
+        k = free_q.get()
+        buffers["state"][k] = state
+        for t in range(T):
+            buffers["obs"][k, t] = obs
+            with torch.no_grad():
+                logits, _, state = agent(obs.unsqueeze(0), valid.unsqueeze(0), state)
+            logits = logits[0]
+            action = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(-1)
+            buffers["logits"][k, t], buffers["actions"][k, t], buffers["valid"][k, t] = logits, action, valid
+            o, r, term, trunc, info = envs.step(action.numpy())
+            done = term | trunc
+            # Episode statistics (Atari: raw rewards and real game over); the reset step after an end adds nothing.
+            live = ~prev_done
+            ep_return += info.get("reward", r) * live
+            ep_length += live
+            ended = (info["terminated"].astype(bool) | trunc) if "terminated" in info else done
+            buffers["ep_return"][k, t] = torch.as_tensor(np.where(ended, ep_return, np.nan))
+            buffers["ep_length"][k, t] = torch.as_tensor(ep_length)
+            ep_return[ended], ep_length[ended] = 0.0, 0
+            prev_done = done
+            buffers["rewards"][k, t] = torch.as_tensor(r)
+            buffers["terms"][k, t] = torch.as_tensor(term)
+            buffers["dones"][k, t] = torch.as_tensor(done)
+            obs, valid = torch.as_tensor(o), torch.as_tensor(~done, dtype=torch.float32)
+        buffers["obs"][k, T] = obs
+        buffers["meta"][k] = torch.tensor([loaded, actor, sequence])
+        full_q.put(k)
+        sequence += 1
+
+
+class ActorDied(RuntimeError):
+    """An actor (or, in SEED, the link to it) is gone: the job ends non-zero."""
+
+
+def next_batch(args: Args, buffers: dict, free_q, full_q, actors: list, pending: dict, update: int, start_update: int):
+    """Indices of the unrolls for `update`, waiting on the full queue while watching the actors. Default mode:
+    the first unrolls_per_batch to arrive. Deterministic mode: round `update`'s unrolls in (sequence, actor) order;
+    unrolls of the next round that arrive early wait in `pending`."""
+    per_round = args.unrolls_per_batch // args.num_actors
+    chosen = []
+    while True:
+        if args.deterministic:
+            ready = pending.setdefault(update, [])
+            if len(ready) == args.unrolls_per_batch:
+                del pending[update]
+                return [k for _, _, k in sorted(ready)]
+        elif len(chosen) == args.unrolls_per_batch:
+            return chosen
+        try:
+            k = full_q.get(timeout=0.5)
+        except queue.Empty:
+            for i, p in enumerate(actors):
+                if p.exitcode is not None:
+                    raise ActorDied(f"actor {i} (pid {p.pid}) exited with code {p.exitcode}")
+            continue
+        if args.deterministic:
+            _, actor, sequence = buffers["meta"][k].tolist()
+            pending.setdefault(start_update + sequence // per_round, []).append((sequence, actor, k))
+        else:
+            chosen.append(k)
+
+
+def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device, video_dir: Optional[str] = None):
+    """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short episodes)."""
+    envs = make_env(env_id, episodes, seed, episodic_life=False, reward_clip=False) if agent.image \
+        else make_env(env_id, episodes, seed)
+    obs, _ = envs.reset()
+    returns, done = np.zeros(episodes), np.zeros(episodes, dtype=bool)
+    state, valid = agent.initial_state(episodes, device), torch.ones(1, episodes, device=device)
+    frames = []
+    while not done.all():
+        with torch.no_grad():
+            logits, _, state = agent(torch.as_tensor(obs, device=device).unsqueeze(0), valid, state)
+        obs, r, term, trunc, info = envs.step(logits[0].argmax(-1).cpu().numpy())
+        returns += info.get("reward", r) * ~done
+        if video_dir is not None and not done[0]:
+            frames.append(obs[0, -1])
+        done |= (info["terminated"].astype(bool) if "terminated" in info else term) | trunc
+        valid = torch.as_tensor(~(term | trunc), dtype=torch.float32, device=device).unsqueeze(0)
+    if frames:
+        os.makedirs(video_dir, exist_ok=True)
+        np.savez_compressed(os.path.join(video_dir, "eval_episode0.npz"), frames=np.stack(frames))
+    envs.close()
+    return returns
+
+
+def save_checkpoint(path: str, payload: dict) -> None:
+    """Atomic: write a temporary file beside the target, then rename over it."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def setup_distributed(args: Args):
+    """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE: join the group (gloo on CPU, NCCL on GPU). Alone: world size 1."""
+    args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    args.rank, args.local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = args.cuda and torch.cuda.is_available()
+    device = torch.device(f"cuda:{args.local_rank}" if use_cuda else "cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if args.world_size > 1:
+        dist.init_process_group("nccl" if use_cuda else "gloo", init_method="env://")
+    return device
+
+
+def main(args: Args) -> int:
+    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")  # envpool's spaces
+    validate(args)
+    device = setup_distributed(args)
+    rank, world = args.rank, args.world_size
+    args.num_actors = args.num_actors or os.cpu_count()
+    args.unrolls_per_batch = args.batch_size // args.num_envs
+    num_buffers = args.num_buffers or max(2 * args.unrolls_per_batch, args.unrolls_per_batch + 2 * args.num_actors)
+    steps_per_update = args.batch_size * args.unroll_length
+    args.num_updates = max(1, args.total_timesteps // (world * steps_per_update))
+    args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
+    run_dir = os.path.join("runs", args.run_name)
+    ckpt_path = os.path.join(run_dir, "checkpoint.pt")
+    torch.set_num_threads(args.torch_threads or 1)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)  # the same on every rank: identical initial weights
+    if device.type == "cuda":  # CPU ops used here are deterministic already; this call costs ~1 s of imports
+        torch.use_deterministic_algorithms(args.torch_deterministic)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    spec = envpool.make_spec(args.env_id)
+    threshold = spec.reward_threshold
+    agent = Agent(spec.observation_space.shape, spec.action_space.n, args.network, args.use_lstm).to(device)
+    params = list(agent.parameters())
+    opt_state = optimizer_init(params)
+    start_update, global_step, wall_before, time_to_threshold, threshold_step = 0, 0, 0.0, None, None
+    recent, lags = deque(maxlen=20), []
+    if args.resume and os.path.exists(ckpt_path):
+        ckpt = torch.load(ckpt_path, map_location=device, weights_only=True)
+        agent.load_state_dict(ckpt["model"])
+        opt_state = ckpt["optimizer"]
+        start_update, global_step, wall_before = ckpt["update"], ckpt["global_step"], ckpt["wall_time_s"]
+        time_to_threshold, threshold_step = ckpt["time_to_threshold_s"], ckpt["threshold_step"]
+        recent.extend(ckpt["recent_returns"])
+
+    # Shared memory and actors first (fork before the learner computes anything), then logging.
+    buffers = shared_buffers(args, spec, num_buffers, agent.initial_state(1).shape[-1])
+    store = ParameterStore(sum(p.numel() for p in params))
+    store.publish(flat_params(agent), start_update)
+    ctx = mp.get_context("fork")
+    free_q, full_q = ctx.Queue(maxsize=num_buffers), ctx.Queue(maxsize=num_buffers)
+    for k in range(num_buffers):
+        free_q.put(k)
+    actors = [ctx.Process(target=actor_loop, args=(i, args, spec, buffers, store, free_q, full_q, start_update),
+                          daemon=True) for i in range(args.num_actors)]
+    for p in actors:
+        p.start()
+
+    writer = None
+    if rank == 0:
+        from torch.utils.tensorboard import SummaryWriter
+        if args.track:
+            import wandb
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                       config=asdict(args), name=args.run_name, id=args.run_name, resume="allow")
+        writer = SummaryWriter(run_dir)
+        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+
+    stop = {"signal": 0}
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, lambda signum, frame: stop.update(signal=signum))
+
+    def checkpoint(next_update: int):
+        save_checkpoint(ckpt_path, {"model": agent.state_dict(), "optimizer": opt_state, "update": next_update,
+                                    "global_step": global_step, "wall_time_s": wall_before + time.time() - train_start,
+                                    "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step,
+                                    "recent_returns": list(recent)})
+
+    pending, sps, last_print, exit_code = {}, 0.0, 0.0, 0
+    train_start, steps_at_start = time.time(), global_step
+    try:
+        for update in range(start_update, args.num_updates):
+            t0 = time.time()
+            idx = torch.tensor(next_batch(args, buffers, free_q, full_q, actors, pending, update, start_update))
+            wait_time = time.time() - t0
+            # Copy the unrolls out ([K, T, N] -> [T, K*N]) and hand the buffers straight back to the actors.
+            batch = {k: v[idx].transpose(0, 1).flatten(1, 2) for k, v in buffers.items() if k != "meta"}
+            meta = buffers["meta"][idx]
+            for k in idx.tolist():
+                free_q.put(k)
+            ep_return, ep_length = batch.pop("ep_return"), batch.pop("ep_length")
+            ended = ~torch.isnan(ep_return)
+            finished = list(zip(ep_return[ended].tolist(), ep_length[ended].tolist()))
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            lr = args.learning_rate * (1.0 - update / args.num_updates) if args.anneal_lr else args.learning_rate
+
+            t1 = time.time()
+            loss, losses = impala_loss(agent, batch, args)
+            agent.zero_grad(set_to_none=False)
+            loss.backward()
+            # One all-reduce per update carries the gradients (averaged) and the counters (summed).
+            grad = torch.cat([p.grad.reshape(-1) for p in params])
+            counters = torch.tensor([float(steps_per_update), float(stop["signal"] != 0)], device=device)
+            if world > 1:
+                flat = torch.cat([grad, counters])
+                dist.all_reduce(flat)
+                grad, counters = flat[:-2] / world, flat[-2:]
+            grad = clip_grad(grad, args.max_grad_norm)
+            if args.optimizer == "rmsprop":
+                rmsprop_step(params, grad, opt_state, lr, args.rmsprop_alpha, args.rmsprop_eps)
+            else:
+                adam_step(params, grad, opt_state, lr)
+            store.publish(flat_params(agent), update + 1)
+            learn_time = time.time() - t1
+
+            global_step += int(counters[0])
+            lag = update - meta[:, 0].double().mean().item()  # learner version minus the batch's versions
+            lags.append(lag)
+            for ret, _ in finished:
+                recent.append(ret)
+                if threshold is not None and time_to_threshold is None and len(recent) == 20 and np.mean(recent) >= threshold:
+                    time_to_threshold, threshold_step = time.time() - PROCESS_START, global_step
+            if rank == 0:
+                now = time.time()
+                sps = (global_step - steps_at_start) / (now - train_start)
+                for ret, length in finished:
+                    writer.add_scalar("charts/episodic_return", ret, global_step)
+                    writer.add_scalar("charts/episodic_length", length, global_step)
+                scalars = {"charts/learning_rate": lr, "charts/SPS": sps, "charts/policy_lag": lag,
+                           "stats/learner_wait_s": wait_time, "stats/learn_time_s": learn_time,
+                           "stats/full_queue": full_q.qsize()}
+                scalars.update(zip(["losses/policy_loss", "losses/value_loss", "losses/entropy"], losses.tolist()))
+                for key, value in scalars.items():
+                    writer.add_scalar(key, value, global_step)
+                if now - last_print > 2.0 or update == args.num_updates - 1:
+                    last_print = now
+                    mean = f"{np.mean(recent):.1f}" if recent else "n/a"
+                    print(f"update {update + 1}/{args.num_updates} global_step={global_step} SPS={sps:.0f} "
+                          f"policy_lag={lag:.1f} return(last {len(recent)})={mean}", flush=True)
+            if args.checkpoint_every and (update + 1) % args.checkpoint_every == 0 and rank == 0:
+                checkpoint(update + 1)
+            if counters[1] > 0:  # SIGTERM/SIGUSR1 on some rank (SLURM preemption): save, then exit cleanly
+                if rank == 0:
+                    checkpoint(update + 1)
+                    print(f"signal received: checkpoint of update {update + 1} written to {ckpt_path}; "
+                          "rerun with --resume to continue", flush=True)
+                break
+        else:
+            if rank == 0:
+                wall = wall_before + time.time() - train_start
+                video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
+                for p in actors:  # the actors' CPU is the evaluation's now
+                    p.kill()
+                eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 10**6, device, video_dir)
+                for i, r in enumerate(eval_returns):
+                    writer.add_scalar("eval/episodic_return", r, i)
+                import hashlib
+                summary = {"algo": "impala", "env_id": args.env_id, "seed": args.seed, "world_size": world,
+                           "num_actors": args.num_actors, "deterministic": args.deterministic,
+                           "global_step": global_step, "wall_time_s": time.time() - PROCESS_START, "sps": sps,
+                           "train_time_s": wall, "eval_return_mean": float(np.mean(eval_returns)),
+                           "eval_return_std": float(np.std(eval_returns)),
+                           "train_return_last20": float(np.mean(recent)) if recent else None,
+                           "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step,
+                           "reward_threshold": threshold, "policy_lag_mean": float(np.mean(lags)),
+                           "params_sha256": hashlib.sha256(flat_params(agent).numpy().tobytes()).hexdigest()}
+                with open(os.path.join(run_dir, "summary.json"), "w") as f:
+                    json.dump(summary, f, indent=2)
+                if args.save_model:
+                    save_checkpoint(os.path.join(run_dir, "model.pt"), agent.state_dict())
+                print(f"eval return {summary['eval_return_mean']:.1f} +- {summary['eval_return_std']:.1f}; "
+                      f"time to threshold: {time_to_threshold}; summary in {run_dir}/summary.json", flush=True)
+    except ActorDied as e:
+        print(f"{os.path.basename(sys.argv[0])}: error: rank {rank}: {e}; stopping", file=sys.stderr, flush=True)
+        exit_code = 1
+    finally:
+        for p in actors:
+            p.kill()
+        for p in actors:
+            p.join()
+    if writer is not None:
+        writer.close()
+        if args.track:
+            import wandb
+            wandb.finish()
+    if world > 1:
+        if exit_code:
+            os._exit(exit_code)  # a barrier would wait forever for this rank's peers; torchrun stops them
+        dist.barrier()
+        dist.destroy_process_group()
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main(tyro.cli(Args)))
