@@ -512,9 +512,11 @@ def next_batch(args: Args, buffers: dict, free_q, full_q, actors: list, pending:
         try:
             k = full_q.get(timeout=0.5)
         except queue.Empty:
-            for i, p in enumerate(actors):
-                if p.exitcode is not None:
-                    raise ActorDied(f"actor {i} (pid {p.pid}) exited with code {p.exitcode}")
+            k = None
+        for i, p in enumerate(actors):  # checked at every unroll: the other actors may keep the queue busy
+            if p.exitcode is not None:
+                raise ActorDied(f"actor {i} (pid {p.pid}) exited with code {p.exitcode}")
+        if k is None:
             continue
         if args.deterministic:
             _, actor, sequence = buffers["meta"][k].tolist()

@@ -463,9 +463,12 @@ def inference_loop(agent: Agent, lock, args: Args, slots: dict, conns: list, tra
     state = agent.initial_state(M * N, device).view(2, M, N, -1)
     cur, t, seq = [free_q.get() for _ in range(M)], [0] * M, [0] * M
     waiting, first, timeout = [], 0.0, args.inference_timeout_ms / 1000
+    control["waiting"] = waiting  # read but not answered yet: the learner answers these with "stop" at the end
     while not control.get("stop"):
-        idle = [c for a, c in enumerate(conns) if a not in waiting]
-        for c in multiprocessing.connection.wait(idle, timeout=max(0.0, first + timeout - time.time()) if waiting else 0.2):
+        idle = [c for a, c in enumerate(conns) if a not in waiting]  # empty when every actor waits: run now
+        limit = min(0.2, max(0.0, first + timeout - time.time())) if waiting else 0.2
+        ready = multiprocessing.connection.wait(idle, timeout=limit) if idle else []
+        for c in ready:
             a = conns.index(c)
             try:
                 c.recv_bytes()
@@ -505,7 +508,7 @@ def inference_loop(agent: Agent, lock, args: Args, slots: dict, conns: list, tra
                         break
                     except queue.Empty:
                         if control.get("stop"):
-                            return
+                            return waiting.clear()
                 seq[a], ta = seq[a] + 1, 0
             if ta == 0:
                 traj["state"][k] = before[:, i]
@@ -513,9 +516,10 @@ def inference_loop(agent: Agent, lock, args: Args, slots: dict, conns: list, tra
             traj["obs"][k, ta], traj["logits"][k, ta] = obs[i], logits[i]
             traj["actions"][k, ta], traj["valid"][k, ta] = action[i], valid[i]
             t[a] = ta + 1
-        for key, value in [("batch", len(R) * N), ("latency", time.time() - t0), ("wait", step[..., 5].mean().item())]:
+        for key, value in [("batch", len(R) * N), ("latency", 1000 * (time.time() - t0)),
+                           ("wait", 1000 * step[..., 5].mean().item())]:
             control["stats"][key].append(value)
-        waiting = []
+        waiting.clear()
 
 
 def flat_params(agent: nn.Module) -> torch.Tensor:
@@ -670,14 +674,16 @@ def main(args: Args) -> int:
             try:
                 chosen.append(full_q.get(timeout=0.5))
             except queue.Empty:
-                for i, p in enumerate(actors):
-                    if p.exitcode is not None:
-                        raise ActorDied(f"actor {i} (pid {p.pid}) exited with code {p.exitcode}")
-                if "error" in control or not inference.is_alive():
-                    raise ActorDied(control.get("error", "the inference thread stopped"))
+                pass
+            for i, p in enumerate(actors):  # checked at every unroll: the other actors may keep the queue busy
+                if p.exitcode is not None:
+                    raise ActorDied(f"actor {i} (pid {p.pid}) exited with code {p.exitcode}")
+            if "error" in control or not inference.is_alive():
+                raise ActorDied(control.get("error", "the inference thread stopped"))
         return chosen
 
     sps, last_print, exit_code = 0.0, 0.0, 0
+    inference_totals = {"inference_batch_mean": [], "inference_latency_ms": [], "actor_wait_ms": []}  # per update
     train_start, steps_at_start = time.time(), global_step
     try:
         for update in range(start_update, args.num_updates):
@@ -721,13 +727,15 @@ def main(args: Args) -> int:
                 writer.add_scalar("charts/episodic_return", ret, global_step)
                 writer.add_scalar("charts/episodic_length", length, global_step)
             stats, control["stats"] = control["stats"], {"batch": [], "latency": [], "wait": []}
+            for key, values in zip(inference_totals, stats.values()):
+                inference_totals[key] += [float(np.mean(values))] if values else []
             scalars = {"charts/learning_rate": lr, "charts/SPS": sps, "charts/policy_lag": lag,
                        "stats/learner_wait_s": wait_time, "stats/learn_time_s": learn_time,
                        "stats/full_queue": full_q.qsize()}
             if stats["batch"]:
                 scalars.update({"stats/inference_batch_size": np.mean(stats["batch"]),
-                                "stats/inference_latency_ms": 1000 * np.mean(stats["latency"]),
-                                "stats/actor_wait_ms": 1000 * np.mean(stats["wait"])})
+                                "stats/inference_latency_ms": np.mean(stats["latency"]),
+                                "stats/actor_wait_ms": np.mean(stats["wait"])})
             scalars.update(zip(["losses/policy_loss", "losses/value_loss", "losses/entropy"], losses.tolist()))
             for key, value in scalars.items():
                 writer.add_scalar(key, value, global_step)
@@ -760,6 +768,7 @@ def main(args: Args) -> int:
                        "train_return_last20": float(np.mean(recent)) if recent else None,
                        "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step,
                        "reward_threshold": threshold, "policy_lag_mean": float(np.mean(lags)),
+                       **{k: float(np.mean(v)) for k, v in inference_totals.items()},
                        "params_sha256": hashlib.sha256(flat_params(agent).numpy().tobytes()).hexdigest()}
             with open(os.path.join(run_dir, "summary.json"), "w") as f:
                 json.dump(summary, f, indent=2)
@@ -776,7 +785,7 @@ def main(args: Args) -> int:
             p.kill()
         for p in actors:
             p.join()
-        inference.join(timeout=5)
+        inference.join(timeout=10)
     writer.close()
     if args.track:
         import wandb
@@ -787,8 +796,7 @@ def main(args: Args) -> int:
         slots["actions"][args.num_actors:] = -1  # answer each remote actor's next request with "stop"
         for r in range(1, world):
             conn = pipes[args.num_actors + r - 1][0]
-            if conn.poll(30):
-                conn.recv_bytes()
+            if args.num_actors + r - 1 in control["waiting"] or conn.poll(30) and conn.recv_bytes() == b"":
                 conn.send_bytes(b"")
         for b in bridges:
             b.join(timeout=30)

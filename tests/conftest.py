@@ -166,3 +166,19 @@ def sigterm_and_resume(runner: Runner, name: str, env_id: str, *args) -> None:
     assert not (runner.run_dir(env_id, "cut") / "summary.json").exists(), "the run ended before the signal"
     check_ok(runner.run(name, *args, "--exp-name", "cut", "--resume"))
     assert_same_result(runner.summary(env_id, "whole"), runner.summary(env_id, "cut"))
+
+
+def sigterm_then_resume(runner: Runner, name: str, env_id: str, *args) -> dict:
+    """Start `name ARGS`, SIGTERM it once it logs, expect exit 0 with a checkpoint and no summary; rerun with
+    --resume and return its summary (for asynchronous files, where the resumed result is not bitwise the same)."""
+    import signal
+    proc = runner.start(name, *args, "--exp-name", "cut")
+    assert wait_for(lambda: list(runner.run_dir(env_id, "cut").glob("events.*")), 60)
+    time.sleep(1.0)
+    os.kill(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "checkpoint" in out, out
+    assert (runner.run_dir(env_id, "cut") / "checkpoint.pt").exists()
+    assert not (runner.run_dir(env_id, "cut") / "summary.json").exists(), "the run ended before the signal"
+    check_ok(runner.run(name, *args, "--exp-name", "cut", "--resume"))
+    return runner.summary(env_id, "cut")

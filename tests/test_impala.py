@@ -1,0 +1,244 @@
+"""IMPALA (algos/impala.py). The pure functions (V-trace, loss, optimizers, networks) are the same text in
+algos/seed.py, so their tests run on both files; tests/test_seed.py covers what differs."""
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+from conftest import (SUMMARY_KEYS, LAUNCH_KEYS, assert_bad_argument, bad_cases, check_ok, kill_one_worker,
+                      load_algo, sigterm_then_resume)
+
+impala = load_algo("impala")
+BOTH = [impala, load_algo("seed")]
+FAST = ["--total-timesteps", 16000]
+
+
+def vtrace_reference(blp, tlp, r, v, boot, term, done, valid, gamma, rho_bar, c_bar, lam):
+    """Straight from the paper's definition (Eq. 1), one (s, env) at a time:
+    v_s = V(x_s) + sum_{t >= s} gamma^(t-s) (prod_{i=s}^{t-1} c_i) rho_t (r_t + gamma V(x_{t+1}) - V(x_t)),
+    the sum ending with the unroll or at the step where the episode ends (no bootstrap after a termination)."""
+    T, B = r.shape
+    ratio = np.exp(tlp - blp)
+    rho, c = np.minimum(rho_bar, ratio), lam * np.minimum(c_bar, ratio)
+    V = np.concatenate([v, boot[None]])
+    vs, adv = v.copy(), np.zeros_like(r)
+    for b in range(B):
+        for s in range(T):
+            if not valid[s, b]:
+                continue
+            for t in range(s, T):
+                vs[s, b] += gamma ** (t - s) * np.prod(c[s:t, b]) * rho[t, b] * (
+                    r[t, b] + gamma * (1 - term[t, b]) * V[t + 1, b] - V[t, b])
+                if done[t, b]:
+                    break
+    VS = np.concatenate([vs, boot[None]])
+    for b in range(B):
+        for s in range(T):
+            adv[s, b] = rho[s, b] * (r[s, b] + gamma * (1 - term[s, b]) * VS[s + 1, b] - v[s, b])
+    return vs, adv
+
+
+def random_unroll(seed, T=12, B=6, on_policy=False):
+    """Random [T, B] inputs with episode ends (some terminated, some truncated) and envpool's reset steps."""
+    rng = np.random.default_rng(seed)
+    done = rng.random((T, B)) < 0.2
+    term = done & (rng.random((T, B)) < 0.5)
+    valid = np.ones((T, B))
+    valid[1:][done[:-1]] = 0
+    blp = rng.normal(size=(T, B))
+    tlp = blp.copy() if on_policy else blp + 0.5 * rng.normal(size=(T, B))
+    assert done.any() and term.any() and (done & ~term).any()
+    return [blp, tlp, rng.normal(size=(T, B)), rng.normal(size=(T, B)), rng.normal(size=B), term * 1.0, done * 1.0, valid]
+
+
+@pytest.mark.parametrize("algo", BOTH, ids=["impala", "seed"])
+@pytest.mark.parametrize("gamma,rho_bar,c_bar,lam", [(0.99, 1.0, 1.0, 1.0), (0.9, 0.8, 0.5, 0.95), (0.95, 2.0, 1.5, 1.0)])
+def test_vtrace_matches_reference(algo, gamma, rho_bar, c_bar, lam):
+    for seed in range(3):
+        inputs = random_unroll(seed)
+        vs, adv = algo.vtrace(*[torch.as_tensor(x) for x in inputs], gamma, rho_bar, c_bar, lam)
+        ref_vs, ref_adv = vtrace_reference(*inputs, gamma, rho_bar, c_bar, lam)
+        np.testing.assert_allclose(vs.numpy(), ref_vs, rtol=1e-10, atol=1e-10)
+        valid = inputs[-1]
+        np.testing.assert_allclose(adv.numpy() * valid, ref_adv * valid, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("algo", BOTH, ids=["impala", "seed"])
+def test_vtrace_on_policy_is_n_step_return(algo):
+    """pi = mu, rho_bar = c_bar = lambda = 1: v_s is the bootstrapped n-step return to the unroll's end or the
+    episode's end (bootstrapping from the final observation's value after a truncation, not after termination)."""
+    gamma = 0.97
+    blp, tlp, r, v, boot, term, done, valid = random_unroll(7, on_policy=True)
+    vs, _ = algo.vtrace(*[torch.as_tensor(x) for x in (blp, tlp, r, v, boot, term, done, valid)], gamma)
+    T, B = r.shape
+    V = np.concatenate([v, boot[None]])
+    for b in range(B):
+        for s in range(T):
+            if not valid[s, b]:
+                assert vs[s, b] == pytest.approx(v[s, b])
+                continue
+            ret, t = 0.0, s
+            while True:
+                ret += gamma ** (t - s) * r[t, b]
+                if done[t, b] or t == T - 1:
+                    ret += gamma ** (t - s + 1) * V[t + 1, b] * (1 - term[t, b])
+                    break
+                t += 1
+            assert vs[s, b].item() == pytest.approx(ret, abs=1e-10)
+
+
+@pytest.mark.parametrize("algo", BOTH, ids=["impala", "seed"])
+def test_optimizers_match_torch_bitwise(algo):
+    torch.manual_seed(0)
+    for name, make in [("rmsprop", lambda p: torch.optim.RMSprop(p, lr=3e-3, alpha=0.99, eps=0.01)),
+                       ("adam", lambda p: torch.optim.Adam(p, lr=3e-3, eps=1e-5))]:
+        ours, ref = [torch.randn(5, 3), torch.randn(7)], None
+        ref = [p.clone().requires_grad_() for p in ours]
+        opt, state = make(ref), algo.optimizer_init(ours)
+        for _ in range(5):
+            grads = [torch.randn_like(p) for p in ours]
+            for p, g in zip(ref, grads):
+                p.grad = g.clone()
+            opt.step()
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            if name == "rmsprop":
+                algo.rmsprop_step(ours, flat, state, 3e-3, 0.99, 0.01)
+            else:
+                algo.adam_step(ours, flat, state, 3e-3)
+        for a, b in zip(ours, ref):
+            assert torch.equal(a, b.detach()), name
+
+
+@pytest.mark.parametrize("algo", BOTH, ids=["impala", "seed"])
+@pytest.mark.parametrize("network,obs_shape", [("mlp", (4,)), ("nature", (4, 84, 84)), ("resnet", (4, 84, 84))])
+def test_networks_and_lstm_reset(algo, network, obs_shape):
+    """Shapes for every torso; with an LSTM, one pass over [T, N] equals stepping one step at a time, and the
+    state after a reset step (valid = 0) is zero, so an episode's outputs do not depend on the one before."""
+    torch.manual_seed(0)
+    agent = algo.Agent(obs_shape, 6, network, use_lstm=True)
+    T, N = 5, 3
+    obs = torch.randint(0, 255, (T, N) + obs_shape).float()
+    valid = torch.ones(T, N)
+    valid[2, 1] = 0
+    with torch.no_grad():
+        logits, values, state = agent(obs, valid, agent.initial_state(N))
+        assert logits.shape == (T, N, 6) and values.shape == (T, N)
+        s = agent.initial_state(N)
+        for t in range(T):
+            lt, _, s = agent(obs[t:t + 1], valid[t:t + 1], s)
+            torch.testing.assert_close(lt[0], logits[t])
+        fresh, _, _ = agent(obs[3:, 1:2], torch.ones(2, 1), agent.initial_state(1))
+        torch.testing.assert_close(fresh[:, 0], logits[3:, 1])
+
+
+def test_loss_gradient_signs():
+    """The V-trace policy gradient raises the log-probability of actions with positive advantage."""
+    torch.manual_seed(0)
+    agent = impala.Agent((4,), 2)
+    args = impala.Args()
+    T, B = 4, 3
+    batch = {"obs": torch.randn(T + 1, B, 4), "actions": torch.zeros(T, B, dtype=torch.long),
+             "logits": torch.zeros(T, B, 2), "state": agent.initial_state(B), "rewards": torch.full((T, B), 10.0),
+             "terms": torch.zeros(T, B), "dones": torch.zeros(T, B), "valid": torch.ones(T, B)}
+    args.vf_coef, args.ent_coef = 0.0, 0.0
+    before = torch.log_softmax(agent(batch["obs"], torch.ones(T + 1, B), batch["state"])[0], -1)[..., 0].mean()
+    loss, _ = impala.impala_loss(agent, batch, args)
+    loss.backward()
+    with torch.no_grad():
+        for p in agent.parameters():
+            p -= 0.1 * p.grad
+    after = torch.log_softmax(agent(batch["obs"], torch.ones(T + 1, B), batch["state"])[0], -1)[..., 0].mean()
+    assert after > before
+
+
+def test_shared_memory_handover_exactly_once_and_bounded():
+    """Two real actor processes fill 6 shared buffers; the consumer checks that every actor's unrolls arrive once
+    each and in sequence, that x_T of one unroll is x_0 of the next (no buffer was overwritten while in use), and
+    that the queues never hold more indices than there are buffers."""
+    args = impala.Args(num_envs=4, unroll_length=5, batch_size=8, num_actors=2)
+    args.unrolls_per_batch = 2
+    spec = impala.envpool.make_spec(args.env_id)
+    agent = impala.Agent(spec.observation_space.shape, spec.action_space.n)
+    buffers = impala.shared_buffers(args, spec, 6, 0)
+    store = impala.ParameterStore(sum(p.numel() for p in agent.parameters()))
+    store.publish(impala.flat_params(agent), 0)
+    ctx = mp.get_context("fork")
+    free_q, full_q = ctx.Queue(maxsize=6), ctx.Queue(maxsize=6)
+    for k in range(6):
+        free_q.put(k)
+    actors = [ctx.Process(target=impala.actor_loop, args=(i, args, spec, buffers, store, free_q, full_q, 0), daemon=True)
+              for i in range(2)]
+    for p in actors:
+        p.start()
+    try:
+        seen, last_obs = {0: [], 1: []}, {}
+        for _ in range(60):
+            k = full_q.get(timeout=30)
+            assert full_q.qsize() + free_q.qsize() <= 6
+            version, actor, sequence = buffers["meta"][k].tolist()
+            assert version == 0
+            seen[actor].append(sequence)
+            if actor in last_obs:
+                assert torch.equal(buffers["obs"][k, 0], last_obs[actor])
+            last_obs[actor] = buffers["obs"][k, -1].clone()
+            free_q.put(k)
+        for actor, sequences in seen.items():
+            assert sequences == list(range(len(sequences))) and sequences, (actor, sequences)
+    finally:
+        for p in actors:
+            p.kill()
+            p.join()
+
+
+def test_smoke_two_actors(runner):
+    check_ok(runner.run("impala", *FAST, "--num-actors", 2))
+    s = runner.summary("CartPole-v1", "impala")
+    assert SUMMARY_KEYS <= s.keys() and s["algo"] == "impala" and s["num_actors"] == 2
+    assert s["global_step"] == 16000 and s["policy_lag_mean"] >= 0
+    assert list(runner.run_dir("CartPole-v1", "impala").glob("events.*"))
+
+
+def test_torchrun_two_ranks(runner):
+    check_ok(runner.run("impala", *FAST, "--num-actors", 1, nproc=2))
+    s = runner.summary("CartPole-v1", "impala")
+    assert s["world_size"] == 2 and s["global_step"] == 16000
+
+
+def test_learns_cartpole(runner):
+    proc = runner.run("impala", "--seed", 2)
+    check_ok(proc)
+    s = runner.summary("CartPole-v1", "impala", seed=2)
+    assert s["time_to_threshold_s"] is not None, proc.stdout[-2000:]
+    assert s["eval_return_mean"] >= 300
+
+
+def test_deterministic_mode_is_bitwise(runner):
+    args = ["--deterministic", "--num-envs", 4, "--num-actors", 2, "--total-timesteps", 12000, "--save-model"]
+    for name in ("a", "b"):
+        check_ok(runner.run("impala", *args, "--exp-name", name))
+    a, b = runner.summary("CartPole-v1", "a"), runner.summary("CartPole-v1", "b")
+    assert {k: v for k, v in a.items() if k not in LAUNCH_KEYS} == {k: v for k, v in b.items() if k not in LAUNCH_KEYS}
+    updates = 12000 // (8 * 20)
+    assert a["policy_lag_mean"] == pytest.approx((updates - 1) / updates)  # one update old, except the first
+    wa = torch.load(runner.run_dir("CartPole-v1", "a") / "model.pt", weights_only=True)
+    wb = torch.load(runner.run_dir("CartPole-v1", "b") / "model.pt", weights_only=True)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_killed_actor_ends_the_job(runner):
+    proc = runner.start("impala", "--total-timesteps", 10**7)
+    out = kill_one_worker(proc, "impala.py", lambda: list(runner.cwd.glob("runs/*/events.*")))
+    assert "actor 1" in out, out
+
+
+def test_sigterm_checkpoint_resume(runner):
+    s = sigterm_then_resume(runner, "impala", "CartPole-v1", "--total-timesteps", 100000)
+    assert s["global_step"] == 100000 - 100000 % 160
+
+
+@pytest.mark.parametrize("args,name", bad_cases([
+    (["--env-id", "NoSuchEnv-v0"], "env-id"), (["--env-id", "Pendulum-v1"], "env-id"),
+    (["--batch-size", 12], "batch-size"), (["--num-envs", 0], "num-envs"), (["--rho-bar", 0], "rho-bar"),
+    (["--vtrace-lambda", 1.5], "vtrace-lambda"), (["--network", "resnet"], "network"),
+    (["--deterministic", "--num-actors", 3], "num-actors"), (["--num-buffers", 1, "--batch-size", 16], "num-buffers")]))
+def test_bad_arguments(runner, args, name):
+    assert_bad_argument(runner.run("impala", *args), name, runner.cwd)

@@ -1,0 +1,56 @@
+"""SEED-style central inference (algos/seed.py). V-trace, the loss, the optimizers and the networks are the same
+text as in algos/impala.py and are tested on both files in tests/test_impala.py."""
+import pytest
+from conftest import (SUMMARY_KEYS, assert_bad_argument, bad_cases, check_ok, kill_one_worker, sigterm_then_resume)
+
+FAST = ["--total-timesteps", 16000]
+
+
+def test_smoke_two_actors_and_inference_stats(runner):
+    check_ok(runner.run("seed", *FAST, "--num-actors", 2))
+    s = runner.summary("CartPole-v1", "seed")
+    assert SUMMARY_KEYS <= s.keys() and s["algo"] == "seed" and s["num_actors"] == 2
+    assert s["global_step"] == 16000 and s["policy_lag_mean"] >= 0
+    assert 1 <= s["inference_batch_mean"] <= 2 * 8 and s["inference_latency_ms"] > 0 and s["actor_wait_ms"] > 0
+
+
+def test_dynamic_batching_waits_for_every_actor(runner):
+    """With a long timeout every inference batch holds the requests of all actors (they never time out, since each
+    actor waits for its answer before it sends again); with a zero timeout batches may be smaller."""
+    check_ok(runner.run("seed", *FAST, "--num-actors", 2, "--inference-timeout-ms", 10000, "--exp-name", "full"))
+    assert runner.summary("CartPole-v1", "full")["inference_batch_mean"] == 2 * 8
+
+
+def test_torchrun_learner_and_remote_actor(runner):
+    """Rank 0: learner with one local actor; rank 1: a remote actor over torch.distributed send/recv."""
+    check_ok(runner.run("seed", *FAST, "--num-actors", 1, "--inference-timeout-ms", 10000, nproc=2))
+    s = runner.summary("CartPole-v1", "seed")
+    assert s["world_size"] == 2 and s["num_actors"] == 2 and s["global_step"] == 16000
+    assert s["inference_batch_mean"] == 2 * 8  # the remote actor's requests are batched with the local one's
+
+
+def test_learns_cartpole(runner):
+    proc = runner.run("seed", "--seed", 1)
+    check_ok(proc)
+    s = runner.summary("CartPole-v1", "seed")
+    assert s["time_to_threshold_s"] is not None, proc.stdout[-2000:]
+    assert s["eval_return_mean"] >= 300
+
+
+def test_killed_actor_ends_the_job(runner):
+    proc = runner.start("seed", "--total-timesteps", 10**7)
+    out = kill_one_worker(proc, "seed.py", lambda: list(runner.cwd.glob("runs/*/events.*")))
+    assert "actor 1" in out, out
+
+
+def test_sigterm_checkpoint_resume(runner):
+    s = sigterm_then_resume(runner, "seed", "CartPole-v1", "--total-timesteps", 100000)
+    assert s["global_step"] == 100000 - 100000 % 160
+
+
+@pytest.mark.parametrize("args,name", bad_cases([
+    (["--env-id", "NoSuchEnv-v0"], "env-id"), (["--env-id", "Pendulum-v1"], "env-id"),
+    (["--batch-size", 12], "batch-size"), (["--inference-timeout-ms", -1], "inference-timeout-ms"),
+    (["--c-bar", 0], "c-bar"), (["--network", "nature"], "network"), (["--num-buffers", 1, "--batch-size", 16], "num-buffers")]))
+def test_bad_arguments(runner, args, name):
+    assert_bad_argument(runner.run("seed", *args), name, runner.cwd)
