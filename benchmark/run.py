@@ -41,6 +41,11 @@ SUITES = {
                       "--population-size", "128", "--truncation", "16", "--sigma", "0.02", "--elite-episodes", "5",
                       "--total-timesteps", "3000000", "--num-workers", "2"],
     },
+    "actor_learner": {  # IMPALA and SEED with their defaults beside SB3 A2C (rl-zoo)
+        "impala": [PY, str(ROOT / "algos/impala.py"), "--seed", "{seed}", "--exp-name", "bench"],
+        "seed": [PY, str(ROOT / "algos/seed.py"), "--seed", "{seed}", "--exp-name", "bench"],
+        "sb3_a2c": [PY, str(ROOT / "benchmark/sb3_cartpole.py"), "--algo", "a2c", "--seed", "{seed}", "--out", "{out}"],
+    },
     "evolution_workers": {  # episodes per second with 1 and 2 workers, same budget (the results are identical)
         f"{algo}_w{w}": [PY, str(ROOT / f"algos/{algo}.py"), "--seed", "{seed}", "--exp-name", "bench",
                          "--total-timesteps", "1000000", "--num-workers", str(w)] for algo in ["es", "ga"] for w in [1, 2]
