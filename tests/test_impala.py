@@ -207,8 +207,7 @@ def test_learns_cartpole(runner):
     proc = runner.run("impala", "--seed", 2)
     check_ok(proc)
     s = runner.summary("CartPole-v1", "impala", seed=2)
-    assert s["time_to_threshold_s"] is not None, proc.stdout[-2000:]
-    assert s["eval_return_mean"] >= 300
+    assert s["time_to_threshold_s"] is not None and s["threshold_step"] <= 200000, proc.stdout[-2000:]
 
 
 def test_deterministic_mode_is_bitwise(runner):

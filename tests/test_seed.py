@@ -33,8 +33,7 @@ def test_learns_cartpole(runner):
     proc = runner.run("seed", "--seed", 1)
     check_ok(proc)
     s = runner.summary("CartPole-v1", "seed")
-    assert s["time_to_threshold_s"] is not None, proc.stdout[-2000:]
-    assert s["eval_return_mean"] >= 300
+    assert s["time_to_threshold_s"] is not None and s["threshold_step"] <= 200000, proc.stdout[-2000:]
 
 
 def test_killed_actor_ends_the_job(runner):
