@@ -204,9 +204,10 @@ def test_torchrun_two_ranks(runner):
 
 
 def test_learns_cartpole(runner):
-    proc = runner.run("impala", "--seed", 2)
+    """In --deterministic mode, so that the outcome is fixed on a given machine (async runs can miss 475)."""
+    proc = runner.run("impala", "--seed", 1, "--deterministic", "--num-envs", 4)
     check_ok(proc)
-    s = runner.summary("CartPole-v1", "impala", seed=2)
+    s = runner.summary("CartPole-v1", "impala", seed=1)
     assert s["time_to_threshold_s"] is not None and s["threshold_step"] <= 200000, proc.stdout[-2000:]
 
 
