@@ -16,6 +16,7 @@ import random
 import signal
 import sys
 import time
+import types
 import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -36,6 +37,11 @@ def process_start_time() -> float:
 
 PROCESS_START = process_start_time()
 
+# `import envpool` registers every env family it ships. Four of them cost ~0.6 s of start-up (jumanji's alone
+# imports matplotlib) and have no environment this file can train on; their registration is skipped.
+if "envpool" not in sys.modules:
+    for _name in ("jumanji", "pgx", "mujoco.dmc", "mujoco.playground"):
+        sys.modules[f"envpool.{_name}.registration"] = types.ModuleType(f"envpool.{_name}.registration")
 import envpool  # noqa: E402
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
@@ -102,7 +108,7 @@ class Args:
     max_grad_norm: float = 0.5
     """global gradient-norm clip, applied after the all-reduce"""
     torch_threads: int = 0
-    """torch threads per rank (0: one per core on a single rank, else 1)"""
+    """torch threads per rank (0: the CPUs this process may use, divided among the ranks on this node)"""
     env_threads: int = 0
     """envpool worker threads per rank (0: 1)"""
     # --- distributed ---
@@ -418,6 +424,13 @@ def checkpoint_payload(agent, adam, update, global_step, wall_time_s, time_to_th
             "threshold_step": threshold_step, "recent_returns": list(recent)}
 
 
+def available_cpus() -> int:
+    """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not the machine's
+    core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
 def setup_distributed(args: Args):
     """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE: join the group (gloo on CPU, NCCL on GPU). Alone: world size 1."""
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -443,7 +456,7 @@ def main(args: Args) -> int:
     args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
     run_dir = os.path.join("runs", args.run_name)
     ckpt_path = os.path.join(run_dir, "checkpoint.pt")
-    torch.set_num_threads(args.torch_threads or (os.cpu_count() if world == 1 else 1))
+    torch.set_num_threads(args.torch_threads or available_cpus())
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)  # the same on every rank: identical initial weights

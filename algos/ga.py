@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 import time
+import types
 import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -39,6 +40,11 @@ def process_start_time() -> float:
 
 PROCESS_START = process_start_time()
 
+# `import envpool` registers every env family it ships. Four of them cost ~0.6 s of start-up (jumanji's alone
+# imports matplotlib) and have no environment this file can train on; their registration is skipped.
+if "envpool" not in sys.modules:
+    for _name in ("jumanji", "pgx", "mujoco.dmc", "mujoco.playground"):
+        sys.modules[f"envpool.{_name}.registration"] = types.ModuleType(f"envpool.{_name}.registration")
 import envpool  # noqa: E402
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
@@ -95,7 +101,7 @@ class Args:
     torch_threads: int = 1
     """torch threads per worker (the per-step forward pass is tiny; 1 keeps results independent of the split)"""
     env_threads: int = 0
-    """envpool worker threads per worker (0: one per core on a single worker, else 1)"""
+    """envpool worker threads per worker (0: the CPUs this process may use, divided among the workers on this node)"""
     # --- distributed ---
     num_workers: int = 1
     """worker processes to spawn on this machine (without torchrun; under torchrun every rank is a worker)"""
@@ -308,6 +314,13 @@ def save_checkpoint(path: str, payload: dict) -> None:
     os.replace(tmp, path)
 
 
+def available_cpus() -> int:
+    """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not the machine's
+    core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
 def setup_distributed(args: Args) -> None:
     """torchrun (or spawn_workers) sets RANK/LOCAL_RANK/WORLD_SIZE: join the gloo group. Alone: world size 1."""
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -317,7 +330,8 @@ def setup_distributed(args: Args) -> None:
 
 
 def worker_entry(index: int, args: Args, num_workers: int) -> None:
-    os.environ.update(RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(num_workers))
+    os.environ.update(RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(num_workers),
+                      LOCAL_WORLD_SIZE=str(num_workers))
     args.num_workers = 1
     code = main(args)
     if code:
@@ -359,7 +373,7 @@ def main(args: Args) -> int:
     run_dir = os.path.join("runs", args.run_name)
     ckpt_path = os.path.join(run_dir, "checkpoint.pt")
     torch.set_num_threads(args.torch_threads)
-    env_threads = args.env_threads or (os.cpu_count() if world == 1 else 1)
+    env_threads = args.env_threads or available_cpus()
 
     spec = envpool.make_spec(args.env_id)
     threshold, max_steps = spec.reward_threshold, spec.config.max_episode_steps

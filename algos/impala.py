@@ -19,6 +19,7 @@ import random
 import signal
 import sys
 import time
+import types
 import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -39,6 +40,11 @@ def process_start_time() -> float:
 
 PROCESS_START = process_start_time()
 
+# `import envpool` registers every env family it ships. Four of them cost ~0.6 s of start-up (jumanji's alone
+# imports matplotlib) and have no environment this file can train on; their registration is skipped.
+if "envpool" not in sys.modules:
+    for _name in ("jumanji", "pgx", "mujoco.dmc", "mujoco.playground"):
+        sys.modules[f"envpool.{_name}.registration"] = types.ModuleType(f"envpool.{_name}.registration")
 import envpool  # noqa: E402
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
@@ -117,7 +123,8 @@ class Args:
     """envpool threads per actor (0: 1)"""
     # --- distributed ---
     num_actors: int = 0
-    """actor processes per learner (0: one per core)"""
+    """actor processes per learner (0: one per CPU this rank may use; with --deterministic, the largest count up
+    to that which divides the unrolls of a batch)"""
     num_buffers: int = 0
     """shared-memory unroll buffers per learner (0: max(2 x unrolls per batch, unrolls per batch + 2 x actors))"""
     deterministic: bool = False
@@ -156,7 +163,7 @@ def validate(args: Args) -> None:
             fail(name, f"must be in (0, 1], got {getattr(args, name)}")
     if args.batch_size % args.num_envs:
         fail("batch_size", f"{args.batch_size} is not a multiple of --num-envs {args.num_envs}")
-    unrolls, actors = args.batch_size // args.num_envs, args.num_actors or os.cpu_count()
+    unrolls, actors = args.batch_size // args.num_envs, default_num_actors(args)
     if args.deterministic and unrolls % actors:
         fail("num_actors", f"{actors} actors do not divide the {unrolls} unrolls of a batch (needed by --deterministic)")
     if args.num_buffers and args.num_buffers < (2 * unrolls if args.deterministic else unrolls):
@@ -556,6 +563,22 @@ def save_checkpoint(path: str, payload: dict) -> None:
     os.replace(tmp, path)
 
 
+def available_cpus() -> int:
+    """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not the machine's
+    core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def default_num_actors(args: Args) -> int:
+    """--num-actors 0: one actor per available CPU. Deterministic mode needs every actor to fill the same share of
+    each batch, so there it takes the largest count up to that which divides the unrolls per batch."""
+    if args.num_actors:
+        return args.num_actors
+    cpus, unrolls = available_cpus(), max(1, args.batch_size // args.num_envs)
+    return max(d for d in range(1, min(cpus, unrolls) + 1) if unrolls % d == 0) if args.deterministic else cpus
+
+
 def setup_distributed(args: Args):
     """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE: join the group (gloo on CPU, NCCL on GPU). Alone: world size 1."""
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -574,7 +597,7 @@ def main(args: Args) -> int:
     validate(args)
     device = setup_distributed(args)
     rank, world = args.rank, args.world_size
-    args.num_actors = args.num_actors or os.cpu_count()
+    args.num_actors = default_num_actors(args)
     args.unrolls_per_batch = args.batch_size // args.num_envs
     num_buffers = args.num_buffers or max(2 * args.unrolls_per_batch, args.unrolls_per_batch + 2 * args.num_actors)
     steps_per_update = args.batch_size * args.unroll_length

@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+import types
 import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -41,6 +42,11 @@ def process_start_time() -> float:
 
 PROCESS_START = process_start_time()
 
+# `import envpool` registers every env family it ships. Four of them cost ~0.6 s of start-up (jumanji's alone
+# imports matplotlib) and have no environment this file can train on; their registration is skipped.
+if "envpool" not in sys.modules:
+    for _name in ("jumanji", "pgx", "mujoco.dmc", "mujoco.playground"):
+        sys.modules[f"envpool.{_name}.registration"] = types.ModuleType(f"envpool.{_name}.registration")
 import envpool  # noqa: E402
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
@@ -119,7 +125,7 @@ class Args:
     """envpool threads per actor (0: 1)"""
     # --- distributed ---
     num_actors: int = 0
-    """actor processes beside the learner on rank 0 (0: one per core); every other torchrun rank is one more actor"""
+    """actor processes beside the learner on rank 0 (0: one per CPU it may use); every other torchrun rank is one more actor"""
     num_buffers: int = 0
     """unroll buffers in the learner (0: max(2 x unrolls per batch, unrolls per batch + 2 x actors))"""
     inference_timeout_ms: float = 1.0
@@ -561,6 +567,13 @@ def save_checkpoint(path: str, payload: dict) -> None:
     os.replace(tmp, path)
 
 
+def available_cpus() -> int:
+    """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not the machine's
+    core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
 def setup_distributed(args: Args):
     """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE. Rank 0 is the learner; rank r > 0 is a remote actor linked to it
     by a gloo pair group (CPU tensors; inference may still run on the learner's GPU). Alone: world size 1."""
@@ -582,7 +595,7 @@ def main(args: Args) -> int:
     validate(args)
     device, groups = setup_distributed(args)
     rank, world = args.rank, args.world_size
-    args.num_actors = args.num_actors or os.cpu_count()
+    args.num_actors = args.num_actors or available_cpus()
     args.total_actors = args.num_actors + world - 1
     args.unrolls_per_batch = args.batch_size // args.num_envs
     num_buffers = args.num_buffers or max(2 * args.unrolls_per_batch, args.unrolls_per_batch + 2 * args.total_actors)

@@ -46,6 +46,10 @@ SUITES = {
         "seed": [PY, str(ROOT / "algos/seed.py"), "--seed", "{seed}", "--exp-name", "bench"],
         "sb3_a2c": [PY, str(ROOT / "benchmark/sb3_cartpole.py"), "--algo", "a2c", "--seed", "{seed}", "--out", "{out}"],
     },
+    "final_eval": {  # every file with its defaults: the final evaluation (what a user sees), 10 seeds
+        algo: [PY, str(ROOT / f"algos/{algo}.py"), "--seed", "{seed}", "--exp-name", "bench"]
+        for algo in ["ddppo", "impala", "seed", "es", "ga"]
+    },
     "evolution_workers": {  # episodes per second with 1 and 2 workers, same budget (the results are identical)
         f"{algo}_w{w}": [PY, str(ROOT / f"algos/{algo}.py"), "--seed", "{seed}", "--exp-name", "bench",
                          "--total-timesteps", "1000000", "--num-workers", str(w)] for algo in ["es", "ga"] for w in [1, 2]
@@ -112,20 +116,25 @@ def main() -> None:
                     "reached": sum(r["time_to_threshold_s"] is not None for r in rs), "runs": len(rs),
                     "threshold_step_median": median([r.get("threshold_step") for r in rs]),
                     "sps_median": median([r["sps"] for r in rs]),
-                    "episodes_per_s_median": median([r.get("episodes_per_s") for r in rs])} for name, rs in results.items()}
+                    "episodes_per_s_median": median([r.get("episodes_per_s") for r in rs]),
+                    "eval_return_median": median([r["eval_return_mean"] for r in rs]),
+                    "eval_return_min": min(r["eval_return_mean"] for r in rs),
+                    "eval_solved": sum(r["eval_return_mean"] >= (r.get("reward_threshold") or 475.0) for r in rs)} for name, rs in results.items()}
     record = {"suite": a.suite, "machine": machine(), "seeds": a.seeds, "command": " ".join(sys.argv),
               "table": table, "runs": results}
     out = Path(a.out or ROOT / "benchmark" / "results" / f"{a.suite}_cartpole.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2))
-    print("\n| entry | time to threshold, median [range] | reached | steps to threshold (median) | SPS (median) | episodes/s (median) |")
-    print("|---|---|---|---|---|---|")
+    print("\n| entry | time to threshold, median [range] | reached | steps to threshold (median) | SPS (median) "
+          "| episodes/s (median) | final eval: solved, median, min |")
+    print("|---|---|---|---|---|---|---|")
     for name, t in table.items():
         lo, hi = t["time_to_threshold_range_s"]
         rng = f"{t['time_to_threshold_median_s']:.2f} s [{lo:.2f}-{hi:.2f}]" if lo is not None else "not reached"
         steps = f"{t['threshold_step_median']:.0f}" if t["threshold_step_median"] else "-"
         eps = f"{t['episodes_per_s_median']:.0f}" if t["episodes_per_s_median"] else "-"
-        print(f"| {name} | {rng} | {t['reached']}/{t['runs']} | {steps} | {t['sps_median']:.0f} | {eps} |")
+        print(f"| {name} | {rng} | {t['reached']}/{t['runs']} | {steps} | {t['sps_median']:.0f} | {eps} "
+              f"| {t['eval_solved']}/{t['runs']}, {t['eval_return_median']:.1f}, {t['eval_return_min']:.1f} |")
     print(f"\nwritten to {out} ({record['machine']})")
 
 
