@@ -107,6 +107,14 @@ class Args:
     """value loss coefficient"""
     max_grad_norm: float = 0.5
     """global gradient-norm clip, applied after the all-reduce"""
+    norm_obs: tyro.conf.DisallowNone[Optional[bool]] = None
+    """normalize observations by their running mean/std over all ranks (default: on for Box actions, else off)"""
+    norm_reward: tyro.conf.DisallowNone[Optional[bool]] = None
+    """divide rewards by the running std of the discounted return (default: on for Box actions, else off)"""
+    clip_obs: float = 10.0
+    """normalized observations are clipped to [-clip_obs, clip_obs]"""
+    clip_reward: float = 10.0
+    """scaled rewards are clipped to [-clip_reward, clip_reward]"""
     torch_threads: int = 0
     """torch threads per rank (0: the CPUs this process may use, divided among the ranks on this node)"""
     env_threads: int = 0
@@ -139,7 +147,7 @@ def fail(arg: str, message: str) -> None:
 
 def validate(args: Args) -> None:
     positive = ["total_timesteps", "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"]
-    for name in positive + ["learning_rate"]:
+    for name in positive + ["learning_rate", "clip_obs", "clip_reward"]:
         if getattr(args, name) <= 0:
             fail(name, f"must be positive, got {getattr(args, name)}")
     for name in ["torch_threads", "env_threads", "checkpoint_every", "ent_coef", "vf_coef", "max_grad_norm"]:
@@ -159,6 +167,8 @@ def validate(args: Args) -> None:
         fail("env_id", f"'{args.env_id}' has observation space {obs_space}; DD-PPO here needs a flat or image Box")
     if not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(act_space.shape) > 1:
         fail("env_id", f"'{args.env_id}' has action space {act_space}; DD-PPO here needs Discrete or 1-D Box")
+    if args.norm_obs and len(obs_space.shape) == 3:
+        fail("norm_obs", "observation normalization is for vector observations, not images")
     if args.capture_video and len(obs_space.shape) != 3:
         fail("capture_video", "frames are saved for Atari (image) environments only")
 
@@ -191,11 +201,27 @@ def mlp(n_in: int, n_out: int, out_std: float) -> nn.Module:
                          layer_init(nn.Linear(64, n_out), out_std))
 
 
+class RunningMeanStd(nn.Module):
+    """Mean, population variance and count (float64) of all data merged so far: buffers, so state_dict has them."""
+
+    def __init__(self, shape=()):
+        super().__init__()
+        for name, value in (("mean", torch.zeros(shape)), ("var", torch.ones(shape)), ("count", torch.zeros(()))):
+            self.register_buffer(name, value.double())
+
+    def load(self, mean, var, count) -> None:
+        for buffer, value in zip((self.mean, self.var, self.count), (mean, var, count)):
+            buffer.copy_(value)
+
+
 class Agent(nn.Module):
     """Actor-critic: two 64-64 tanh MLPs for vector observations, a shared Nature-CNN for images;
-    a categorical head for Discrete actions, a diagonal Gaussian with state-independent log-std for Box."""
+    a categorical head for Discrete actions, a diagonal Gaussian with state-independent log-std for Box.
+    With norm_obs, observations are normalized by `obs_rms` (frozen here; main merges each rollout into it);
+    `return_rms` holds the reward scaler's statistics. Neither exists when off."""
 
-    def __init__(self, obs_shape, action_space):
+    def __init__(self, obs_shape, action_space, norm_obs: bool = False, norm_reward: bool = False,
+                 clip_obs: float = 10.0):
         super().__init__()
         self.continuous = isinstance(action_space, gym.spaces.Box)
         n_out = int(np.prod(action_space.shape)) if self.continuous else int(action_space.n)
@@ -212,9 +238,17 @@ class Agent(nn.Module):
         self.image = len(obs_shape) == 3
         if self.continuous:
             self.actor_logstd = nn.Parameter(torch.zeros(n_out))
+        self.obs_rms = RunningMeanStd(obs_shape) if norm_obs else None
+        self.return_rms = RunningMeanStd() if norm_reward else None
+        self.clip_obs = clip_obs
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.trunk(obs.float() / 255.0) if self.image else obs.float()
+        if self.image:
+            return self.trunk(obs.float() / 255.0)
+        if self.obs_rms is None:
+            return obs.float()
+        x = (obs.float() - self.obs_rms.mean) / torch.sqrt(self.obs_rms.var + 1e-8)
+        return x.clamp(-self.clip_obs, self.clip_obs).float()
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(self.features(obs)).squeeze(-1)
@@ -268,6 +302,35 @@ def compute_gae(rewards, values, next_value, terminations, dones, gamma: float, 
         last = delta + gamma * gae_lambda * (1.0 - dones[t]) * last
         advantages[t] = last
     return advantages, advantages + values
+
+
+def discounted_returns(rewards, dones, acc, gamma: float):
+    """The reward scaler's return along each env, R_t = gamma R_{t-1} + r_t, reset to 0 after an episode ends;
+    acc carries R over from the previous rollout. Returns R [T, N] and the accumulator after the last step."""
+    out = torch.zeros_like(rewards)
+    for t in range(rewards.shape[0]):
+        acc = acc * gamma + rewards[t]
+        out[t] = acc
+        acc = acc * (1.0 - dones[t])
+    return out, acc
+
+
+def rms_moments(x, weight, shift):
+    """[sum w, sum w (x - shift), sum w (x - shift)^2] (per feature, flat, float64) of the rows of x [B, ...] with
+    weights w [B]. Moments of disjoint batches add up, so one all-reduce gives those of the union over ranks."""
+    x = x.reshape(weight.shape[0], -1).double() - shift.reshape(1, -1)
+    w = weight.double().unsqueeze(-1)
+    return torch.cat([w.sum().reshape(1), (w * x).sum(0), (w * x * x).sum(0)])
+
+
+def rms_merge(mean, var, count, moments):
+    """(mean, var, count) after merging a batch given by its moments around `mean`: Chan et al.'s parallel
+    variance update, written with f = n / (count + n) so that count 0 or an empty batch need no special case."""
+    d, n = mean.numel(), moments[0]
+    delta = moments[1:1 + d].view_as(mean) / n.clamp(min=1e-12)  # batch mean - running mean
+    batch_var = (moments[1 + d:].view_as(mean) / n.clamp(min=1e-12) - delta ** 2).clamp(min=0.0)
+    f = n / (count + n).clamp(min=1e-12)
+    return mean + f * delta, var + f * (batch_var - var) + f * (1 - f) * delta ** 2, count + n
 
 
 def ppo_loss(agent: Agent, mb: dict, args: Args):
@@ -329,12 +392,12 @@ def ppo_update(agent, adam: dict, batch: dict, args: Args, lr: float, generator,
     """update_epochs x num_minibatches gradient steps. Minibatch sizes follow this rank's (possibly preempted)
     batch, but their number is fixed, so every rank enters the all-reduce equally often."""
     params = list(agent.parameters())
-    n = batch["advantages"].shape[0]
-    stats = torch.zeros(5)
+    n, device = batch["advantages"].shape[0], params[0].device
+    stats = torch.zeros(5, device=device)
     for _ in range(args.update_epochs):
-        for idx in torch.randperm(n, generator=generator).tensor_split(args.num_minibatches):
+        for idx in torch.randperm(n, generator=generator, device=device).tensor_split(args.num_minibatches):
             mb = {k: v[idx] for k, v in batch.items()}
-            loss, s = ppo_loss(agent, mb, args) if len(idx) else (sum(p.sum() * 0 for p in params), torch.zeros(5))
+            loss, s = ppo_loss(agent, mb, args) if len(idx) else (sum(p.sum() * 0 for p in params), stats.new_zeros(5))
             agent.zero_grad(set_to_none=False)
             loss.backward()
             adam_step(params, averaged_clipped_gradient(params, world_size, args.max_grad_norm), adam, lr)
@@ -386,6 +449,30 @@ def collect_rollout(agent, envs, state: dict, buf: dict, args: Args, generator, 
     return steps
 
 
+def update_normalizers(agent, buf: dict, steps: int, state: dict, args: Args, world_size: int):
+    """Statistics identical on every rank: the moments of this rollout's valid observations and discounted returns
+    are summed over ranks (one all-reduce) and merged. Returns the rewards divided by the new return std, clipped, and
+    the new observation statistics, to load after the PPO update (which must see the rollout's normalization)."""
+    valid, rewards, rms, data = buf["valid"][:steps].reshape(-1), buf["rewards"][:steps], {}, {}
+    if agent.obs_rms is not None:
+        rms["obs"], data["obs"] = agent.obs_rms, buf["obs"][:steps]
+    if agent.return_rms is not None:
+        rms["ret"] = agent.return_rms
+        data["ret"], state["ret_acc"] = discounted_returns(rewards, buf["dones"][:steps], state["ret_acc"], args.gamma)
+    if not rms:
+        return rewards, None
+    parts = [rms_moments(data[k], valid, m.mean) for k, m in rms.items()]
+    moments = torch.cat(parts)
+    if world_size > 1:
+        dist.all_reduce(moments)
+    new = {k: rms_merge(m.mean, m.var, m.count, part)
+           for (k, m), part in zip(rms.items(), moments.split([p.numel() for p in parts]))}
+    if "ret" in new:
+        agent.return_rms.load(*new["ret"])
+        rewards = (rewards / torch.sqrt(agent.return_rms.var + 1e-8)).clamp(-args.clip_reward, args.clip_reward)
+    return rewards, new.get("obs")
+
+
 def evaluate(agent, env_id: str, episodes: int, seed: int, device, video_dir: Optional[str] = None):
     """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short episodes)."""
     envs = make_env(env_id, episodes, seed, episodic_life=False, reward_clip=False) if agent.image \
@@ -431,6 +518,14 @@ def available_cpus() -> int:
     return max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
+def global_sum(values: list, device, world_size: int) -> torch.Tensor:
+    """Per-rank numbers summed over all ranks: one all-reduce of a float64 tensor on `device` (NCCL: the GPU)."""
+    total = torch.tensor(values, dtype=torch.float64, device=device)
+    if world_size > 1:
+        dist.all_reduce(total)
+    return total
+
+
 def setup_distributed(args: Args):
     """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE: join the group (gloo on CPU, NCCL on GPU). Alone: world size 1."""
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -461,12 +556,18 @@ def main(args: Args) -> int:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)  # the same on every rank: identical initial weights
     if device.type == "cuda":  # CPU ops used here are deterministic already; this call costs ~1 s of imports
+        if args.torch_deterministic:  # else cuBLAS refuses deterministic mode (CUDA >= 10.2)
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(args.torch_deterministic)
         torch.backends.cudnn.deterministic = args.torch_deterministic
 
     spec = envpool.make_spec(args.env_id)
     threshold = spec.reward_threshold
-    agent = Agent(spec.observation_space.shape, spec.action_space).to(device)
+    continuous = isinstance(spec.action_space, gym.spaces.Box)  # auto (None): normalize for Box actions only
+    args.norm_obs = continuous if args.norm_obs is None else args.norm_obs
+    args.norm_reward = continuous if args.norm_reward is None else args.norm_reward
+    agent = Agent(spec.observation_space.shape, spec.action_space, args.norm_obs, args.norm_reward,
+                  args.clip_obs).to(device)
     adam = adam_init(list(agent.parameters()))
     start_update, global_step, wall_before, time_to_threshold, threshold_step = 0, 0, 0.0, None, None
     recent = deque(maxlen=20)
@@ -517,16 +618,17 @@ def main(args: Args) -> int:
             obs, _ = envs.reset()
             state = {"obs": torch.as_tensor(obs, device=device), "valid": torch.ones(N, device=device),
                      "prev_done": np.zeros(N, dtype=bool), "ep_return": np.zeros(N), "ep_length": np.zeros(N),
-                     "finished": []}
+                     "finished": [], "ret_acc": torch.zeros(N, device=device)}
         lr = args.learning_rate * (1.0 - update / args.num_updates) if args.anneal_lr else args.learning_rate
 
         t0 = time.time()
         steps = collect_rollout(agent, envs, state, buf, args, generator, store, update, device)
         rollout_time = time.time() - t0
         with torch.no_grad():
+            rewards, obs_stats = update_normalizers(agent, buf, steps, state, args, world)
             next_value = agent.get_value(state["obs"])
             values = buf["values"][:steps]
-            advantages, returns = compute_gae(buf["rewards"][:steps], values, next_value, buf["terms"][:steps],
+            advantages, returns = compute_gae(rewards, values, next_value, buf["terms"][:steps],
                                               buf["dones"][:steps], args.gamma, args.gae_lambda)
         keep = buf["valid"][:steps].reshape(-1).bool()
         batch = {"obs": buf["obs"][:steps].reshape((-1,) + obs_shape)[keep],
@@ -535,16 +637,16 @@ def main(args: Args) -> int:
                  "advantages": advantages.reshape(-1)[keep], "returns": returns.reshape(-1)[keep]}
         t1 = time.time()
         losses = ppo_update(agent, adam, batch, args, lr, generator, world)
+        if obs_stats is not None:
+            agent.obs_rms.load(*obs_stats)
         learn_time = time.time() - t1
 
         # Per-update bookkeeping: one small all-reduce of counters (steps, preemption, stop requests).
         finished, state["finished"] = state["finished"], []
-        counters = torch.tensor([float(steps * N), float(steps < T), steps / T, float(stop["signal"] != 0),
-                                 rollout_time, learn_time], dtype=torch.float64)
-        if world > 1:
-            if store is not None and rank == 0 and update > 0:
-                store.delete_key(f"ddppo/finished/{update - 1}")
-            dist.all_reduce(counters)
+        if store is not None and rank == 0 and update > 0:
+            store.delete_key(f"ddppo/finished/{update - 1}")
+        counters = global_sum([float(steps * N), float(steps < T), steps / T, float(stop["signal"] != 0),
+                               rollout_time, learn_time], device, world).tolist()
         global_step += int(counters[0])
         for ret, _ in finished:
             recent.append(ret)
@@ -560,7 +662,7 @@ def main(args: Args) -> int:
             scalars.update(zip(["losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl",
                                 "losses/clipfrac"], losses.tolist()))
             scalars.update(zip(["stats/preempted_ranks_frac", "stats/rollout_frac", "stats/rollout_time_s",
-                                "stats/learn_time_s"], (counters[[1, 2, 4, 5]] / world).tolist()))
+                                "stats/learn_time_s"], [counters[i] / world for i in (1, 2, 4, 5)]))
             for key, value in scalars.items():
                 writer.add_scalar(key, value, global_step)
             if now - last_print > 2.0 or update == args.num_updates - 1:
@@ -592,7 +694,7 @@ def main(args: Args) -> int:
             with open(os.path.join(run_dir, "summary.json"), "w") as f:
                 json.dump(summary, f, indent=2)
             if args.save_model:
-                save_checkpoint(os.path.join(run_dir, "model.pt"), agent.state_dict())
+                save_checkpoint(os.path.join(run_dir, "model.pt"), {k: v.cpu() for k, v in agent.state_dict().items()})
             print(f"eval return {summary['eval_return_mean']:.1f} +- {summary['eval_return_std']:.1f}; "
                   f"time to threshold: {time_to_threshold}; summary in {run_dir}/summary.json", flush=True)
     envs.close()

@@ -1,15 +1,18 @@
 """DD-PPO: pure functions against slow references, the all-reduced update, preemption, and whole runs."""
 import math
 import os
+import shutil
 import signal
 import time
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import SUMMARY_KEYS, assert_bad_argument, bad_cases, check_ok, free_port, kill_one_worker, load_algo, wait_for
+from conftest import (SUMMARY_KEYS, assert_bad_argument, assert_same_result, bad_cases, check_ok, free_port,
+                      kill_one_worker, load_algo, wait_for)
 
 ddppo = load_algo("ddppo")
 ENV = "CartPole-v1"
@@ -121,7 +124,7 @@ def make_batch(n, seed):
             "advantages": torch.randn(n, generator=g), "returns": torch.randn(n, generator=g)}
 
 
-def update_worker(rank, world, port, sizes, out_dir, minibatches, epochs):
+def update_worker(rank, world, port, out_dir, sizes, minibatches, epochs):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.manual_seed(0)
     agent = ddppo.Agent((4,), ddppo.gym.spaces.Discrete(2))
@@ -135,16 +138,21 @@ def update_worker(rank, world, port, sizes, out_dir, minibatches, epochs):
     dist.destroy_process_group()
 
 
-def spawn_update(tmp_path, sizes, minibatches, epochs, timeout=60):
-    ctx = mp.start_processes(update_worker, args=(len(sizes), free_port(), sizes, str(tmp_path), minibatches, epochs),
-                             nprocs=len(sizes), join=False, start_method="spawn")
+def spawn(worker, world, tmp_path, *args, timeout=60):
+    """Run worker(rank, world, port, out_dir, *args) on `world` gloo ranks; returns what each saved to rank<r>.pt."""
+    ctx = mp.start_processes(worker, args=(world, free_port(), str(tmp_path), *args), nprocs=world, join=False,
+                             start_method="spawn")
     end = time.time() + timeout
     while not ctx.join(timeout=max(0.1, end - time.time())):
         if time.time() > end:
             for p in ctx.processes:
                 p.kill()
-            pytest.fail(f"ranks with batch sizes {sizes} deadlocked in ppo_update")
-    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(len(sizes))]
+            pytest.fail(f"{worker.__name__} deadlocked on {world} ranks with {args}")
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
+
+
+def spawn_update(tmp_path, sizes, minibatches, epochs):
+    return spawn(update_worker, len(sizes), tmp_path, sizes, minibatches, epochs)
 
 
 def test_allreduced_update_equals_single_process_update_on_union(tmp_path):
@@ -195,6 +203,148 @@ def test_rollout_is_preempted_once_quorum_of_ranks_finished():
     assert int(store.add("ddppo/finished/1", 0)) == 2  # a preempted rank does not count itself
 
 
+# ------------------------------------------------------------------------------------------ normalization
+SCALES, OFFSETS = torch.tensor([1.0, 10.0, 0.1]), torch.tensor([5.0, -3.0, 100.0])
+
+
+def fake_rollout(T, N, seed):
+    """A rollout as collect_rollout leaves it: the step after an episode end is envpool's reset step (invalid,
+    reward 0). Observations of very different scales and offsets."""
+    g = torch.Generator().manual_seed(seed)
+    dones = (torch.rand(T, N, generator=g) < 0.2).float()
+    valid = torch.cat([torch.ones(1, N), 1 - dones[:-1]])
+    buf = {"obs": torch.randn(T, N, 3, generator=g) * SCALES + OFFSETS, "dones": dones, "valid": valid,
+           "rewards": (torch.randn(T, N, generator=g) * 3 + 1) * valid}
+    return buf
+
+
+def return_scaler_reference(rollouts, gamma, clip):
+    """Reward scaling from its definition, one env and one step at a time: R <- gamma R + r, reset to 0 after an
+    episode end; after each rollout, its rewards are divided by the std of every valid R seen so far."""
+    N = rollouts[0]["rewards"].shape[1]
+    running, seen, scaled = [0.0] * N, [], []
+    for buf in rollouts:
+        for t in range(buf["rewards"].shape[0]):
+            for n in range(N):
+                running[n] = gamma * running[n] + buf["rewards"][t, n].item()
+                if buf["valid"][t, n]:
+                    seen.append(running[n])
+                if buf["dones"][t, n]:
+                    running[n] = 0.0
+        scaled.append(np.clip(buf["rewards"].double().numpy() / np.sqrt(np.var(seen) + 1e-8), -clip, clip))
+    return scaled, np.var(seen)
+
+
+def valid_obs(rollouts):
+    return np.concatenate([b["obs"][b["valid"].bool()].double().numpy() for b in rollouts])
+
+
+def normalized_agent(**kwargs):
+    return ddppo.Agent((3,), ddppo.gym.spaces.Box(-1, 1, (2,)), norm_obs=True, norm_reward=True, **kwargs)
+
+
+def run_normalizers(agent, rollouts, args, world):
+    """What main does with each rollout: update the statistics (return stats at once, obs stats after the update)."""
+    state, scaled = {"ret_acc": torch.zeros(rollouts[0]["rewards"].shape[1])}, []
+    for buf in rollouts:
+        rewards, obs_stats = ddppo.update_normalizers(agent, buf, buf["rewards"].shape[0], state, args, world)
+        agent.obs_rms.load(*obs_stats)
+        scaled.append(rewards)
+    return scaled
+
+
+def test_running_mean_var_equals_numpy_over_everything_seen():
+    rollouts = [fake_rollout(7, 4, seed) for seed in range(5)]
+    agent = normalized_agent()
+    run_normalizers(agent, rollouts, ddppo.Args(), 1)
+    ref = valid_obs(rollouts)
+    assert agent.obs_rms.count.item() == len(ref)
+    np.testing.assert_allclose(agent.obs_rms.mean.numpy(), ref.mean(0), rtol=1e-10)
+    np.testing.assert_allclose(agent.obs_rms.var.numpy(), ref.var(0), rtol=1e-8)
+
+
+def test_merged_moments_of_ranks_equal_statistics_of_the_union():
+    """What the all-reduce computes: moments of each rank's rows summed, then one merge, equals the statistics of
+    the union; an empty batch changes nothing."""
+    a, b = fake_rollout(6, 3, 0), fake_rollout(9, 2, 1)
+    mean, var, count = torch.zeros(3).double(), torch.ones(3).double(), torch.zeros(()).double()
+    for _ in range(2):  # twice: the second merge has a non-trivial running mean as its shift
+        summed = sum(ddppo.rms_moments(r["obs"], r["valid"].reshape(-1), mean) for r in (a, b))
+        mean, var, count = ddppo.rms_merge(mean, var, count, summed)
+    ref = np.concatenate([valid_obs([a, b])] * 2)
+    np.testing.assert_allclose(mean.numpy(), ref.mean(0), rtol=1e-10)
+    np.testing.assert_allclose(var.numpy(), ref.var(0), rtol=1e-8)
+    assert count.item() == len(ref)
+    same = ddppo.rms_merge(mean, var, count, ddppo.rms_moments(a["obs"], torch.zeros(18), mean))
+    assert all(torch.equal(x, y) for x, y in zip(same, (mean, var, count)))
+
+
+def test_reward_scaler_matches_slow_reference():
+    rollouts = [fake_rollout(8, 3, seed) for seed in range(4)]
+    agent, args = normalized_agent(), ddppo.Args(gamma=0.9, clip_reward=1.0)
+    scaled = run_normalizers(agent, rollouts, args, 1)
+    ref, ref_var = return_scaler_reference(rollouts, 0.9, 1.0)
+    for ours, theirs in zip(scaled, ref):
+        np.testing.assert_allclose(ours.double().numpy(), theirs, rtol=1e-5, atol=1e-6)
+    assert any((np.abs(r) == 1.0).any() for r in ref) and any((np.abs(r) < 1.0).any() for r in ref)  # clip exercised
+    np.testing.assert_allclose(agent.return_rms.var.item(), ref_var, rtol=1e-6)
+
+
+def normalizer_worker(rank, world, port, out_dir):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    agent = normalized_agent()
+    run_normalizers(agent, [fake_rollout(5 + rank, 3, 10 * u + rank) for u in range(3)], ddppo.Args(), world)
+    torch.save(agent.state_dict(), os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_statistics_are_identical_on_all_ranks_and_cover_the_union(tmp_path):
+    states = spawn(normalizer_worker, 2, tmp_path)
+    rms_keys = [k for k in states[0] if "_rms." in k]
+    assert len(rms_keys) == 6 and all(torch.equal(states[0][k], states[1][k]) for k in rms_keys)
+    per_rank = [[fake_rollout(5 + r, 3, 10 * u + r) for u in range(3)] for r in range(2)]
+    ref = valid_obs(per_rank[0] + per_rank[1])
+    np.testing.assert_allclose(states[0]["obs_rms.mean"].numpy(), ref.mean(0), rtol=1e-10)
+    np.testing.assert_allclose(states[0]["obs_rms.var"].numpy(), ref.var(0), rtol=1e-8)
+    returns = []  # every valid discounted return of both ranks
+    for rollouts in per_rank:
+        agent = normalized_agent()
+        run_normalizers(agent, rollouts, ddppo.Args(), 1)
+        returns.append((agent.return_rms.count.item(), agent.return_rms.mean.item(), agent.return_rms.var.item()))
+    (n0, m0, v0), (n1, m1, v1) = returns
+    mean = (n0 * m0 + n1 * m1) / (n0 + n1)
+    var = (n0 * (v0 + (m0 - mean) ** 2) + n1 * (v1 + (m1 - mean) ** 2)) / (n0 + n1)
+    assert states[0]["return_rms.count"].item() == n0 + n1
+    np.testing.assert_allclose(states[0]["return_rms.var"].item(), var, rtol=1e-6)
+
+
+def test_statistics_survive_a_checkpoint_and_normalize_observations(tmp_path):
+    agent = normalized_agent(clip_obs=3.0)
+    run_normalizers(agent, [fake_rollout(6, 4, s) for s in range(2)], ddppo.Args(), 1)
+    adam = ddppo.adam_init(list(agent.parameters()))
+    ddppo.save_checkpoint(str(tmp_path / "c.pt"), ddppo.checkpoint_payload(agent, adam, 1, 2, 3.0, None, None, []))
+    restored = normalized_agent(clip_obs=3.0)
+    restored.load_state_dict(torch.load(tmp_path / "c.pt", weights_only=True)["model"])
+    for k, v in agent.state_dict().items():
+        assert torch.equal(restored.state_dict()[k], v), k
+    obs = torch.randn(50, 3) * 20 * SCALES + OFFSETS
+    expected = ((obs.double() - agent.obs_rms.mean) / torch.sqrt(agent.obs_rms.var + 1e-8)).clamp(-3, 3).float()
+    torch.testing.assert_close(restored.features(obs), expected)
+    assert (expected.abs() == 3).any() and (expected.abs() < 3).any()
+
+
+def test_evaluation_uses_frozen_statistics():
+    spec = ddppo.envpool.make_spec("Pendulum-v1")
+    agent = ddppo.Agent(spec.observation_space.shape, spec.action_space, norm_obs=True, clip_obs=5.0)
+    agent.obs_rms.load(torch.full((3,), 1e3), torch.full((3,), 4.0), torch.tensor(7.0))
+    before = {k: v.clone() for k, v in agent.state_dict().items()}
+    seen = []
+    agent.actor.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0].clone()))
+    ddppo.evaluate(agent, "Pendulum-v1", 2, 0, "cpu")
+    assert len(seen) == 200 and all((x == -5.0).all() for x in seen)  # |obs| <= 8: (obs - 1000) / 2 clips to -5
+    assert all(torch.equal(before[k], v) for k, v in agent.state_dict().items())
+
+
 # ------------------------------------------------------------------------------------------ whole runs
 SMALL = ["--total-timesteps", 4096, "--local-num-envs", 8, "--eval-episodes", 3]
 
@@ -204,7 +354,7 @@ def test_smoke_single_process(runner):
     s = runner.summary(ENV, "ddppo")
     assert SUMMARY_KEYS <= s.keys() and s["algo"] == "ddppo" and s["world_size"] == 1
     assert s["global_step"] == 4096 and s["sps"] > 0 and s["eval_return_mean"] > 0
-    assert (runner.run_dir(ENV, "ddppo") / "model.pt").exists()
+    assert not any("_rms." in k for k in load_weights(runner.run_dir(ENV, "ddppo") / "model.pt"))  # Discrete: off
     assert list(runner.run_dir(ENV, "ddppo").glob("events.out.tfevents.*"))
 
 
@@ -222,6 +372,26 @@ def test_smoke_atari_cnn_and_mujoco_gaussian(runner, env_id):
                         "--eval-episodes", 1))
     s = runner.summary(env_id, "ddppo")
     assert s["global_step"] == 64 and math.isfinite(s["eval_return_mean"]) and s["time_to_threshold_s"] is None
+
+
+def test_mujoco_statistics_saved_with_the_model_and_restored_on_resume(runner):
+    """HalfCheetah has Box actions: observation and reward normalization are on by default. model.pt holds the
+    statistics, and a run resumed from the checkpoint the whole run wrote at update 2 of 4 ends bitwise as it did."""
+    env = "HalfCheetah-v4"
+    args = ["--env-id", env, "--local-num-envs", 8, "--num-steps", 64, "--total-timesteps", 2048,
+            "--checkpoint-every", 2, "--eval-episodes", 1, "--save-model"]
+    check_ok(runner.run("ddppo", *args, "--exp-name", "whole"))
+    whole = runner.summary(env, "whole")
+    assert SUMMARY_KEYS <= whole.keys() and whole["global_step"] == 2048 and math.isfinite(whole["eval_return_mean"])
+    model = load_weights(runner.run_dir(env, "whole") / "model.pt")
+    # every step was valid: HalfCheetah's episodes last 1000 steps, more than the 256 each env took
+    assert model["obs_rms.count"].item() == model["return_rms.count"].item() == 2048
+    assert model["obs_rms.mean"].shape == (17,) and (model["obs_rms.var"] != 1).all() and model["return_rms.var"] != 1
+    (runner.run_dir(env, "cut")).mkdir(parents=True)
+    shutil.copy(runner.run_dir(env, "whole") / "checkpoint.pt", runner.run_dir(env, "cut") / "checkpoint.pt")
+    check_ok(runner.run("ddppo", *args, "--exp-name", "cut", "--resume"))
+    assert_same_result(whole, runner.summary(env, "cut"))
+    assert_same_weights(model, load_weights(runner.run_dir(env, "cut") / "model.pt"))
 
 
 def test_learns_cartpole_with_defaults(runner):
@@ -294,6 +464,9 @@ BAD = [
     (["--local-num-envs", "-4"], "--local-num-envs"),
     (["--total-timesteps", "0"], "--total-timesteps"),
     (["--sync-frac", "1.5"], "--sync-frac"),
+    (["--env-id", "Pong-v5", "--norm-obs"], "--norm-obs"),
+    (["--clip-obs", "0"], "--clip-obs"),
+    (["--clip-reward", "-1"], "--clip-reward"),
 ]
 
 

@@ -1,0 +1,173 @@
+"""Device placement, checked on a CPU-only machine. The learner's functions run on PyTorch's "meta" device (shapes and
+dtypes, no data) under a dispatch mode that applies CUDA's placement rules: a tensor created on the CPU in the middle
+of work on the device fails here as it would on a GPU, instead of only on the first GPU run."""
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from conftest import load_algo
+
+ddppo, impala, seed = load_algo("ddppo"), load_algo("impala"), load_algo("seed")
+META, CPU = torch.device("meta"), torch.device("cpu")
+aten = torch.ops.aten
+# Explicit moves between devices (`.to`, `.cpu()`, `x[t] = cpu_tensor`, `torch.tensor(data)`) are allowed, as on CUDA.
+TRANSFERS = {aten._to_copy.default, aten.copy_.default, aten.lift_fresh.default, aten.lift_fresh_copy.default}
+
+
+class MetaGenerator(torch.Generator):
+    """Stands for a generator on the device: code that allocates on `generator.device` allocates on meta. (There are
+    no meta generators; meta kernels ignore the generator, whose state lives on the CPU.)"""
+    device = META
+
+
+class OnDevice(TorchDispatchMode):
+    """Every op that touches the device must find all its other tensors there too, except 0-dim CPU tensors (CUDA
+    takes those as scalars); an op drawing from a generator must produce its result on the device (the generator is
+    there). Stricter than CUDA in one way: index tensors must be on the device as well (CUDA silently copies CPU
+    indices over, a host-to-device transfer each time). Copies from the device to the CPU return zeros (meta tensors
+    have no data), so that code can hand actions to an environment."""
+
+    def __init__(self, device=META):
+        super().__init__()
+        self.device = device
+
+    def check(self, func, tensors, what):
+        if any(t.device == self.device for t in tensors):
+            for t in tensors:
+                if t.device != self.device and t.dim() > 0:
+                    raise AssertionError(f"{func} on {self.device}: {what} {tuple(t.shape)} {t.dtype} on {t.device}")
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is aten._to_copy.default and args[0].device == self.device and kwargs.get("device") == CPU:
+            return torch.zeros(args[0].shape, dtype=kwargs.get("dtype") or args[0].dtype)
+        if func is aten.copy_.default and args[0].device == CPU and args[1].device == self.device:
+            return args[0].zero_()
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if func not in TRANSFERS:
+            self.check(func, inputs, "input")
+        out = func(*args, **kwargs)
+        outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        if func not in TRANSFERS:
+            self.check(func, inputs + outputs, "output")
+        if kwargs.get("generator") is not None and any(t.device != self.device for t in outputs):
+            raise AssertionError(f"{func} draws from the device's generator into a tensor on {outputs[0].device}")
+        return out
+
+
+@pytest.fixture
+def on_device(monkeypatch):
+    """The mode, and collectives that check their tensor is on the device (NCCL reduces GPU tensors only): the
+    tests pass world_size=2 so that the all-reduce branches run; the fake all-reduce leaves the tensor as it is."""
+    calls = []
+
+    def all_reduce(tensor, *args, **kwargs):
+        assert tensor.device == META, f"all_reduce of a tensor on {tensor.device}"
+        calls.append(tuple(tensor.shape))
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    with OnDevice() as mode:
+        mode.all_reduce_calls = calls
+        yield mode
+
+
+def test_the_guard_catches_what_cuda_rejects(on_device):
+    x = torch.ones(5, device=META)
+    for mistake in [lambda: torch.zeros(5).add_(x),  # CPU accumulator of device results
+                    lambda: x + torch.zeros(5),
+                    lambda: torch.randperm(5, generator=MetaGenerator()),  # device generator, CPU result
+                    lambda: x[torch.tensor([0, 1])],  # CPU index (stricter than CUDA)
+                    lambda: dist.all_reduce(torch.zeros(3))]:  # NCCL: GPU tensors only
+        with pytest.raises(AssertionError):
+            mistake()
+    # allowed: CPU scalars, explicit transfers, generators drawing on the device, arrays from the environment
+    x * torch.tensor(2.0) + 1.0
+    assert x.cpu().device == CPU and torch.as_tensor(np.ones(5), device=META).device == META
+    x[torch.randperm(5, generator=MetaGenerator(), device=META)] = torch.zeros(5, device=META)
+    x[0] = torch.zeros(())
+    dist.all_reduce(x)
+
+
+# ------------------------------------------------------------------------------------------ DD-PPO
+def ddppo_agent(continuous: bool, norm: bool = False):
+    space = ddppo.gym.spaces.Box(-1, 1, (2,)) if continuous else ddppo.gym.spaces.Discrete(2)
+    return ddppo.Agent((4,), space, norm_obs=norm, norm_reward=norm).to(META), space
+
+
+@pytest.mark.parametrize("continuous,norm", [(False, False), (True, True)])
+@pytest.mark.parametrize("n,minibatches", [(32, 2), (3, 4)])  # (3, 4): an empty minibatch takes the fallback path
+def test_ddppo_learner_on_device(on_device, continuous, norm, n, minibatches):
+    agent, _ = ddppo_agent(continuous, norm)
+    actions = torch.zeros(n, 2, device=META) if continuous else torch.zeros(n, dtype=torch.long, device=META)
+    batch = {"obs": torch.zeros(n, 4, device=META), "actions": actions, **{k: torch.zeros(n, device=META)
+             for k in ["logprobs", "values", "advantages", "returns"]}}
+    args = ddppo.Args(num_minibatches=minibatches, update_epochs=2, clip_vloss=True)
+    adam = ddppo.adam_init(list(agent.parameters()))
+    stats = ddppo.ppo_update(agent, adam, batch, args, 1e-3, MetaGenerator(), world_size=2)
+    assert stats.device == META and adam["m"].device == META
+    assert len(on_device.all_reduce_calls) == args.update_epochs * minibatches
+    T, N = 5, 3
+    adv, ret = ddppo.compute_gae(*[torch.zeros(T, N, device=META)] * 2, torch.zeros(N, device=META),
+                                 *[torch.zeros(T, N, device=META)] * 2, 0.99, 0.95)
+    assert adv.device == ret.device == META
+
+
+@pytest.mark.parametrize("env_id,norm", [("CartPole-v1", False), ("Pendulum-v1", True)])
+def test_ddppo_rollout_normalizers_and_evaluate_on_device(on_device, env_id, norm):
+    spec = ddppo.envpool.make_spec(env_id)
+    agent = ddppo.Agent(spec.observation_space.shape, spec.action_space, norm, norm).to(META)
+    T, N = 6, 3
+    args = ddppo.Args(env_id=env_id, num_steps=T, local_num_envs=N)
+    envs = ddppo.make_env(env_id, N, 0)
+    obs, _ = envs.reset()
+    state = {"obs": torch.as_tensor(obs, device=META), "valid": torch.ones(N, device=META),
+             "prev_done": np.zeros(N, bool), "ep_return": np.zeros(N), "ep_length": np.zeros(N), "finished": [],
+             "ret_acc": torch.zeros(N, device=META)}
+    buf = {k: torch.zeros(T, N, device=META) for k in ["logprobs", "values", "rewards", "terms", "dones", "valid"]}
+    buf["obs"] = torch.zeros((T, N) + spec.observation_space.shape, device=META)
+    buf["actions"] = torch.zeros((T, N) + spec.action_space.shape, device=META,
+                                 dtype=torch.float32 if agent.continuous else torch.long)
+    assert ddppo.collect_rollout(agent, envs, state, buf, args, MetaGenerator(), None, 0, META) == T
+    rewards, obs_stats = ddppo.update_normalizers(agent, buf, T, state, args, world_size=2)
+    assert rewards.device == META and len(on_device.all_reduce_calls) == int(norm)
+    if norm:
+        agent.obs_rms.load(*obs_stats)
+        assert state["ret_acc"].device == META
+    assert ddppo.global_sum([1.0, 2.0], META, world_size=2).device == META  # main's per-update counters
+    assert len(ddppo.evaluate(agent, env_id, 2, 0, META)) == 2
+
+
+def test_ddppo_checkpoint_loads_onto_the_device(tmp_path):
+    cpu_agent = ddppo.Agent((4,), ddppo.gym.spaces.Box(-1, 1, (2,)), True, True)  # a checkpoint of a CPU run
+    adam = ddppo.adam_init(list(cpu_agent.parameters()))
+    ddppo.save_checkpoint(str(tmp_path / "c.pt"), ddppo.checkpoint_payload(cpu_agent, adam, 1, 2, 3.0, None, None, []))
+    ckpt = torch.load(tmp_path / "c.pt", map_location=META, weights_only=True)  # as main loads it
+    agent, _ = ddppo_agent(True, True)
+    with OnDevice():
+        agent.load_state_dict(ckpt["model"])
+        params = list(agent.parameters())
+        ddppo.adam_step(params, torch.cat([p.detach().reshape(-1) for p in params]), ckpt["adam"], 1e-3)
+    assert all(v.device == META for v in agent.state_dict().values())
+
+
+# ------------------------------------------------------------------------------------------ IMPALA and SEED learners
+@pytest.mark.parametrize("module", [impala, seed], ids=["impala", "seed"])
+@pytest.mark.parametrize("use_lstm", [False, True])
+def test_vtrace_learner_on_device(on_device, module, use_lstm):
+    T, B, A = 5, 3, 2
+    agent = module.Agent((4,), A, use_lstm=use_lstm).to(META)
+    batch = {"obs": torch.zeros(T + 1, B, 4, device=META), "actions": torch.zeros(T, B, dtype=torch.long, device=META),
+             "logits": torch.zeros(T, B, A, device=META), "state": agent.initial_state(B, META),
+             **{k: torch.zeros(T, B, device=META) for k in ["rewards", "terms", "dones", "valid"]}}
+    loss, losses = module.impala_loss(agent, batch, module.Args())
+    loss.backward()
+    params = list(agent.parameters())
+    grad = module.clip_grad(torch.cat([p.grad.reshape(-1) for p in params]), 40.0)
+    state = module.optimizer_init(params)
+    module.rmsprop_step(params, grad, state, 1e-3)
+    module.adam_step(params, grad, state, 1e-3)
+    assert losses.device == grad.device == state["v"].device == META
+    assert len(module.evaluate(agent, "CartPole-v1", 2, 0, META)) == 2
