@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (ROOT, SUMMARY_KEYS, assert_bad_argument, assert_same_result, bad_cases, check_ok, kill_one_worker,
+from conftest import (ROOT, SUMMARY_KEYS, assert_bad_argument, assert_same_result, assert_solves, bad_cases, check_ok, kill_one_worker,
                       load_algo, sigterm_and_resume)
 
 es = load_algo("es")
@@ -138,12 +138,15 @@ def test_smoke_torchrun_two_workers(runner):
     assert (runner.run_dir(ENV, "es") / "model.pt").exists()
 
 
-def test_learns_cartpole_and_result_does_not_depend_on_worker_count(runner):
-    """The default run reaches the threshold; the same seed with 2 spawned workers gives the same bits."""
-    budget = ["--total-timesteps", 150_000]
+def test_learns_cartpole_with_defaults(runner):
+    assert_solves(runner, "es")
+
+
+def test_result_does_not_depend_on_worker_count(runner):
+    """The same seed with 1 worker and with 2 spawned workers gives the same bits."""
+    budget = ["--total-timesteps", 60_000]
     check_ok(runner.run("es", *budget, "--exp-name", "one"))
     one = runner.summary(ENV, "one")
-    assert one["time_to_threshold_s"] is not None and one["eval_return_mean"] >= 475, one
     check_ok(runner.run("es", *budget, "--exp-name", "two", "--num-workers", 2))
     two = runner.summary(ENV, "two")
     assert two["world_size"] == 2

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (SUMMARY_KEYS, assert_bad_argument, assert_same_result, bad_cases, check_ok, kill_one_worker,
+from conftest import (SUMMARY_KEYS, assert_bad_argument, assert_same_result, assert_solves, bad_cases, check_ok, kill_one_worker,
                       load_algo, sigterm_and_resume)
 
 ga = load_algo("ga")
@@ -93,11 +93,14 @@ def test_smoke_torchrun_two_workers(runner):
     assert torch.load(runner.run_dir(ENV, "ga") / "model.pt", weights_only=True)["seeds"] == s["elite_seeds"]
 
 
-def test_learns_cartpole_and_result_does_not_depend_on_worker_count(runner):
-    budget = ["--total-timesteps", 150_000]
+def test_learns_cartpole_with_defaults(runner):
+    assert_solves(runner, "ga")
+
+
+def test_result_does_not_depend_on_worker_count(runner):
+    budget = ["--total-timesteps", 60_000]
     check_ok(runner.run("ga", *budget, "--exp-name", "one"))
     one = runner.summary(ENV, "one")
-    assert one["time_to_threshold_s"] is not None and one["eval_return_mean"] >= 475, one
     check_ok(runner.run("ga", *budget, "--exp-name", "two", "--num-workers", 2))
     two = runner.summary(ENV, "two")
     assert two["world_size"] == 2
