@@ -10,6 +10,7 @@ seed (ours, peer, ours, peer, ...) so that drift of a shared machine hits both a
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -17,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +47,14 @@ SUITES = {
         "impala": [PY, str(ROOT / "algos/impala.py"), "--seed", "{seed}", "--exp-name", "bench"],
         "seed": [PY, str(ROOT / "algos/seed.py"), "--seed", "{seed}", "--exp-name", "bench"],
         "sb3_a2c": [PY, str(ROOT / "benchmark/sb3_cartpole.py"), "--algo", "a2c", "--seed", "{seed}", "--out", "{out}"],
+    },
+    "ddppo_mujoco": {  # 1M-step curves, CleanRL's MuJoCo PPO settings; observation/reward normalization on (default) and off
+        f"{task.split('-')[0].lower()}{suffix}": [
+            PY, str(ROOT / "algos/ddppo.py"), "--seed", "{seed}", "--exp-name", "bench", "--env-id", task,
+            "--local-num-envs", "8", "--num-steps", "256", "--num-minibatches", "32", "--gamma", "0.99",
+            "--gae-lambda", "0.95", "--learning-rate", "3e-4", "--clip-vloss", "--total-timesteps", "1000000",
+            "--torch-threads", "1", *flags]
+        for task in ["HalfCheetah-v4", "Hopper-v4"] for suffix, flags in [("", []), ("_nonorm", ["--no-norm-obs", "--no-norm-reward"])]
     },
     "final_eval": {  # every file with its defaults: the final evaluation (what a user sees), 10 seeds
         algo: [PY, str(ROOT / f"algos/{algo}.py"), "--seed", "{seed}", "--exp-name", "bench"]
@@ -101,15 +111,21 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     p.add_argument("--entries", nargs="+", help="subset of the suite's entries")
     p.add_argument("--out", help="results file (default: benchmark/results/<suite>_cartpole.json)")
+    p.add_argument("--parallel", type=int, default=1, help="runs at a time (long budgets; they then share the CPUs)")
     a = p.parse_args()
     entries = {k: v for k, v in SUITES[a.suite].items() if not a.entries or k in a.entries}
     results = {name: [] for name in entries}
-    for seed in a.seeds:
-        for name, cmd in entries.items():
-            r = run_one(cmd, seed, ROOT / "benchmark" / "results" / "raw" / a.suite / f"{name}_{seed}")
+    jobs = [(seed, name) for seed in a.seeds for name in entries]
+
+    def job(seed_name):
+        seed, name = seed_name
+        r = run_one(entries[name], seed, ROOT / "benchmark" / "results" / "raw" / a.suite / f"{name}_{seed}")
+        print(f"seed {seed} {name:10s} time_to_threshold={r['time_to_threshold_s']} s steps={r.get('threshold_step')} "
+              f"sps={r['sps']:.0f} eval={r.get('eval_return_mean')} wall={r['external_wall_s']:.1f} s", flush=True)
+        return r
+    with ThreadPoolExecutor(max_workers=a.parallel) as pool:
+        for (seed, name), r in zip(jobs, pool.map(job, jobs)):
             results[name].append(r)
-            print(f"seed {seed} {name:10s} time_to_threshold={r['time_to_threshold_s']} s "
-                  f"steps={r.get('threshold_step')} sps={r['sps']:.0f} wall={r['external_wall_s']:.1f} s", flush=True)
     table = {name: {"time_to_threshold_median_s": median([r["time_to_threshold_s"] for r in rs]),
                     "time_to_threshold_range_s": [min((r["time_to_threshold_s"] for r in rs if r["time_to_threshold_s"]), default=None),
                                                   max((r["time_to_threshold_s"] for r in rs if r["time_to_threshold_s"]), default=None)],
@@ -117,10 +133,11 @@ def main() -> None:
                     "threshold_step_median": median([r.get("threshold_step") for r in rs]),
                     "sps_median": median([r["sps"] for r in rs]),
                     "episodes_per_s_median": median([r.get("episodes_per_s") for r in rs]),
-                    "eval_return_median": median([r["eval_return_mean"] for r in rs]),
-                    "eval_return_min": min(r["eval_return_mean"] for r in rs),
-                    "eval_solved": sum(r["eval_return_mean"] >= (r.get("reward_threshold") or 475.0) for r in rs)} for name, rs in results.items()}
-    record = {"suite": a.suite, "machine": machine(), "seeds": a.seeds, "command": " ".join(sys.argv),
+                    "eval_return_median": median([r.get("eval_return_mean") for r in rs]),
+                    "eval_return_min": min((r["eval_return_mean"] for r in rs if "eval_return_mean" in r), default=None),
+                    "eval_solved": sum(r.get("eval_return_mean", -math.inf) >= (r.get("reward_threshold") or 475.0)
+                                       for r in rs)} for name, rs in results.items()}
+    record = {"suite": a.suite, "machine": machine(), "seeds": a.seeds, "command": " ".join(sys.argv), "parallel": a.parallel,
               "table": table, "runs": results}
     out = Path(a.out or ROOT / "benchmark" / "results" / f"{a.suite}_cartpole.json")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -133,8 +150,9 @@ def main() -> None:
         rng = f"{t['time_to_threshold_median_s']:.2f} s [{lo:.2f}-{hi:.2f}]" if lo is not None else "not reached"
         steps = f"{t['threshold_step_median']:.0f}" if t["threshold_step_median"] else "-"
         eps = f"{t['episodes_per_s_median']:.0f}" if t["episodes_per_s_median"] else "-"
-        print(f"| {name} | {rng} | {t['reached']}/{t['runs']} | {steps} | {t['sps_median']:.0f} | {eps} "
-              f"| {t['eval_solved']}/{t['runs']}, {t['eval_return_median']:.1f}, {t['eval_return_min']:.1f} |")
+        final = (f"{t['eval_solved']}/{t['runs']}, {t['eval_return_median']:.1f}, {t['eval_return_min']:.1f}"
+                 if t["eval_return_min"] is not None else "- (stops at the threshold)")
+        print(f"| {name} | {rng} | {t['reached']}/{t['runs']} | {steps} | {t['sps_median']:.0f} | {eps} | {final} |")
     print(f"\nwritten to {out} ({record['machine']})")
 
 
