@@ -117,8 +117,8 @@ class Args:
     """entropy bonus coefficient (0.02 rather than 0.01: see docs/seed.md, Defaults)"""
     vf_coef: float = 0.5
     """baseline (value) loss coefficient"""
-    max_grad_norm: float = 40.0
-    """global gradient-norm clip, applied after the all-reduce (paper: 40)"""
+    max_grad_norm: float = 0.5
+    """global gradient-norm clip, applied after the all-reduce (paper: 40, for summed losses; see docs, Defaults)"""
     torch_threads: int = 0
     """learner's torch threads, shared by its inference and training threads (0: 1)"""
     env_threads: int = 0
