@@ -78,7 +78,7 @@ class Args:
     """write the final weights (state_dict) to runs/<run_name>/model.pt"""
     env_id: str = "CartPole-v1"
     """the envpool environment id"""
-    total_timesteps: int = 400_000
+    total_timesteps: int = 800_000
     """total environment steps consumed by the learners, over all ranks"""
     eval_episodes: int = 10
     """episodes of the final, greedy policy to evaluate at the end"""
@@ -101,7 +101,7 @@ class Args:
     """environments stepped by each actor"""
     unroll_length: int = 20
     """steps per unroll (paper: 20)"""
-    batch_size: int = 8
+    batch_size: int = 16
     """trajectories (one env's unroll each) per learner update (paper: 32); a multiple of num_envs"""
     gamma: float = 0.995
     """discount factor (0.995 rather than 0.99: see docs/impala.md, Defaults)"""
