@@ -324,8 +324,7 @@ def save_checkpoint(path: str, payload: dict) -> None:
 def available_cpus() -> int:
     """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not the machine's
     core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # Linux, as /proc
 
 
 def setup_distributed(args: Args) -> None:
