@@ -98,7 +98,9 @@ class Args:
     rmsprop_alpha: float = 0.99
     """RMSProp's decay of the squared-gradient average (paper: 0.99)"""
     rmsprop_eps: float = 0.01
-    """RMSProp's epsilon (paper: 0.01); Adam's is 1e-5"""
+    """RMSProp's epsilon (paper: 0.01)"""
+    adam_eps: float = 1e-5
+    """Adam's epsilon"""
     num_envs: int = 8
     """environments stepped by each actor"""
     unroll_length: int = 20
@@ -117,6 +119,11 @@ class Args:
     """entropy bonus coefficient (0.02 rather than 0.01: see docs/seed.md, Defaults)"""
     vf_coef: float = 0.5
     """baseline (value) loss coefficient"""
+    norm_reward: tyro.conf.DisallowNone[Optional[bool]] = None
+    """divide rewards by the running std of the discounted return (default: on for vector observations; off for
+    images, whose rewards are clipped to [-1, 1] as in the paper; see docs/seed.md, Defaults)"""
+    clip_reward: float = 10.0
+    """scaled rewards are clipped to [-clip_reward, clip_reward]"""
     max_grad_norm: float = 0.5
     """global gradient-norm clip, applied after the all-reduce (paper: 40, for summed losses; see docs, Defaults)"""
     torch_threads: int = 0
@@ -152,7 +159,7 @@ def fail(arg: str, message: str) -> None:
 
 def validate(args: Args) -> None:
     for name in ["total_timesteps", "num_envs", "unroll_length", "batch_size", "eval_episodes", "learning_rate",
-                 "rho_bar", "c_bar", "rmsprop_eps"]:
+                 "rho_bar", "c_bar", "rmsprop_eps", "adam_eps", "clip_reward"]:
         if getattr(args, name) <= 0:
             fail(name, f"must be positive, got {getattr(args, name)}")
     for name in ["torch_threads", "env_threads", "num_actors", "num_buffers", "checkpoint_every", "ent_coef",
@@ -235,13 +242,27 @@ def resnet_torso(in_channels: int) -> nn.Module:
     return nn.Sequential(*layers, nn.ReLU(), nn.Flatten(), nn.Linear(32 * 11 * 11, 256), nn.ReLU())
 
 
+class RunningMeanStd(nn.Module):
+    """Mean, population variance and count (float64) of all data merged so far: buffers, so state_dict has them."""
+
+    def __init__(self, shape=()):
+        super().__init__()
+        for name, value in (("mean", torch.zeros(shape)), ("var", torch.ones(shape)), ("count", torch.zeros(()))):
+            self.register_buffer(name, value.double())
+
+    def load(self, mean, var, count) -> None:
+        for buffer, value in zip((self.mean, self.var, self.count), (mean, var, count)):
+            buffer.copy_(value)
+
+
 class Agent(nn.Module):
     """Torso, optional LSTM core, policy-logit and baseline heads. Images: a shared Nature-CNN or residual torso
     with linear heads (the paper's layout). Vectors: two 64-64 tanh MLPs as heads, policy and baseline apart
     (docs/conventions.md). `forward` takes a time axis, [T, N, ...], so actors (T = 1) and the learner
-    (T = unroll + 1) share it."""
+    (T = unroll + 1) share it. With norm_reward, `return_rms` holds the reward scaler's statistics."""
 
-    def __init__(self, obs_shape, num_actions: int, network: str = "auto", use_lstm: bool = False):
+    def __init__(self, obs_shape, num_actions: int, network: str = "auto", use_lstm: bool = False,
+                 norm_reward: bool = False):
         super().__init__()
         self.image = len(obs_shape) == 3
         network = ("nature" if self.image else "mlp") if network == "auto" else network
@@ -263,6 +284,7 @@ class Agent(nn.Module):
         else:
             self.policy = layer_init(nn.Linear(width, num_actions), 0.01)
             self.baseline = layer_init(nn.Linear(width, 1), 1.0)
+        self.return_rms = RunningMeanStd() if norm_reward else None
 
     def initial_state(self, n: int, device=None):
         """Zero LSTM state (h, c) stacked as [2, n, width]; an empty tensor without LSTM."""
@@ -338,6 +360,30 @@ def impala_loss(agent: Agent, batch: dict, args: Args):
     return loss, torch.stack([pg_loss, baseline_loss, entropy]).detach()
 
 
+def rms_moments(x, weight, shift):
+    """[sum w, sum w (x - shift), sum w (x - shift)^2] (per feature, flat, float64) of the rows of x [B, ...] with
+    weights w [B]. Moments of disjoint batches add up, so one all-reduce gives those of the union over ranks."""
+    x = x.reshape(weight.shape[0], -1).double() - shift.reshape(1, -1)
+    w = weight.double().unsqueeze(-1)
+    return torch.cat([w.sum().reshape(1), (w * x).sum(0), (w * x * x).sum(0)])
+
+
+def rms_merge(mean, var, count, moments):
+    """(mean, var, count) after merging a batch given by its moments around `mean`: Chan et al.'s parallel
+    variance update, written with f = n / (count + n) so that count 0 or an empty batch need no special case."""
+    d, n = mean.numel(), moments[0]
+    delta = moments[1:1 + d].view_as(mean) / n.clamp(min=1e-12)  # batch mean - running mean
+    batch_var = (moments[1 + d:].view_as(mean) / n.clamp(min=1e-12) - delta ** 2).clamp(min=0.0)
+    f = n / (count + n).clamp(min=1e-12)
+    return mean + f * delta, var + f * (batch_var - var) + f * (1 - f) * delta ** 2, count + n
+
+
+def scale_rewards(rewards, return_rms: RunningMeanStd, clip: float):
+    """The reward scaler: rewards divided by the running std of the discounted return (the actors' `returns`),
+    clipped. The value targets then stay of order one whatever the discount, which an MLP baseline can track."""
+    return (rewards / torch.sqrt(return_rms.var + 1e-8)).clamp(-clip, clip)
+
+
 def rmsprop_step(params, grad: torch.Tensor, state: dict, lr: float, alpha: float = 0.99, eps: float = 0.01) -> None:
     """RMSProp on the flat gradient vector, in torch.optim.RMSprop's form (bitwise equal to it, momentum 0):
     v <- alpha v + (1 - alpha) g^2;  p <- p - lr g / (sqrt(v) + eps). Written out, as is Adam, because
@@ -387,18 +433,19 @@ def trajectory_buffers(args: Args, spec, num_buffers: int, state_width: int) -> 
          "logits": torch.zeros((num_buffers, T, N, A)),
          "state": torch.zeros((num_buffers, 2, N, state_width)),
          "meta": torch.zeros((num_buffers, 3), dtype=torch.long)}  # parameter version, actor, sequence number
-    for k in ["rewards", "terms", "dones", "valid", "ep_return", "ep_length"]:
+    for k in ["rewards", "terms", "dones", "valid", "returns", "ep_return", "ep_length"]:
         b[k] = torch.zeros((num_buffers, T, N))
     return b
 
 
 def actor_slots(args: Args, spec, num_actors: int) -> dict:
     """One request/response slot per actor in shared memory: the observation, what the last step gave (reward,
-    terminated, done, return and length of an episode that ended, NaN otherwise; the actor's last wait), and
+    terminated, done, discounted return so far, return and length of an episode that ended, NaN otherwise; the
+    actor's last wait), and
     the action the learner answers with (-1: stop)."""
     obs_shape, N = spec.observation_space.shape, args.num_envs
     return {"obs": torch.zeros((num_actors, N) + obs_shape, dtype=torch.uint8 if len(obs_shape) == 3 else torch.float32).share_memory_(),
-            "step": torch.zeros((num_actors, N, 6)).share_memory_(),
+            "step": torch.zeros((num_actors, N, 7)).share_memory_(),
             "actions": torch.zeros((num_actors, N), dtype=torch.long).share_memory_()}
 
 
@@ -415,7 +462,8 @@ def actor_loop(actor: int, args: Args, slots: dict, conn, group=None, start_upda
     envs = make_env(args.env_id, N, env_seed(args, actor, start_update), args.env_threads or 1)
     obs = envs.reset()[0]
     ep_return, ep_length, prev_done = np.zeros(N), np.zeros(N), np.zeros(N, dtype=bool)
-    step = np.tile(np.array([0, 0, 0, np.nan, 0, 0], dtype=np.float32), (N, 1))  # nothing happened yet
+    ret_acc = np.zeros(N)  # discounted return along each env, R_t = gamma R_{t-1} + r_t, reset after an episode end
+    step = np.tile(np.array([0, 0, 0, 0, np.nan, 0, 0], dtype=np.float32), (N, 1))  # nothing happened yet
     while True:
         slots["obs"][actor] = torch.as_tensor(obs)
         slots["step"][actor] = torch.as_tensor(step)
@@ -438,9 +486,10 @@ def actor_loop(actor: int, args: Args, slots: dict, conn, group=None, start_upda
         ep_return += info.get("reward", r) * live
         ep_length += live
         ended = (info["terminated"].astype(bool) | trunc) if "terminated" in info else done
-        step[:] = np.stack([r, term, done, np.where(ended, ep_return, np.nan), ep_length,
+        ret_acc = ret_acc * args.gamma + r
+        step[:] = np.stack([r, term, done, ret_acc, np.where(ended, ep_return, np.nan), ep_length,
                             np.full(N, time.time() - t0)], axis=1)
-        ep_return[ended], ep_length[ended] = 0.0, 0
+        ep_return[ended], ep_length[ended], ret_acc[done] = 0.0, 0, 0.0
         prev_done = done
 
 
@@ -503,7 +552,7 @@ def inference_loop(agent: Agent, lock, args: Args, slots: dict, conns: list, tra
         for i, a in enumerate(R):
             k, ta = cur[a], t[a]
             if ta > 0:  # what the previous action gave
-                for j, key in enumerate(["rewards", "terms", "dones", "ep_return", "ep_length"]):
+                for j, key in enumerate(["rewards", "terms", "dones", "returns", "ep_return", "ep_length"]):
                     traj[key][k, ta - 1] = step[i, :, j]
             if ta == T:  # unroll complete: x_T is also x_0 of the next one
                 traj["obs"][k, T] = obs[i]
@@ -523,7 +572,7 @@ def inference_loop(agent: Agent, lock, args: Args, slots: dict, conns: list, tra
             traj["actions"][k, ta], traj["valid"][k, ta] = action[i], valid[i]
             t[a] = ta + 1
         for key, value in [("batch", len(R) * N), ("latency", 1000 * (time.time() - t0)),
-                           ("wait", 1000 * step[..., 5].mean().item())]:
+                           ("wait", 1000 * step[..., 6].mean().item())]:
             control["stats"][key].append(value)
         waiting.clear()
 
@@ -626,7 +675,9 @@ def main(args: Args) -> int:
 
     spec = envpool.make_spec(args.env_id)
     threshold = spec.reward_threshold
-    agent = Agent(spec.observation_space.shape, spec.action_space.n, args.network, args.use_lstm).to(device)
+    args.norm_reward = len(spec.observation_space.shape) != 3 if args.norm_reward is None else args.norm_reward
+    agent = Agent(spec.observation_space.shape, spec.action_space.n, args.network, args.use_lstm,
+                  args.norm_reward).to(device)
     params = list(agent.parameters())
     opt_state = optimizer_init(params)
     global_step, wall_before, time_to_threshold, threshold_step = 0, 0.0, None, None
@@ -708,13 +759,18 @@ def main(args: Args) -> int:
             meta = traj["meta"][idx]
             for k in idx.tolist():
                 free_q.put(k)
-            ep_return, ep_length = batch.pop("ep_return"), batch.pop("ep_length")
+            ep_return, ep_length, returns = batch.pop("ep_return"), batch.pop("ep_length"), batch.pop("returns")
             ended = ~torch.isnan(ep_return)
             finished = list(zip(ep_return[ended].tolist(), ep_length[ended].tolist()))
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             lr = args.learning_rate * (1.0 - update / args.num_updates) if args.anneal_lr else args.learning_rate
 
             t1 = time.time()
+            rms = agent.return_rms
+            if rms is not None:  # scaled by the statistics before this batch, then the batch is merged in
+                batch["rewards"] = scale_rewards(batch["rewards"], rms, args.clip_reward)
+                rms.load(*rms_merge(rms.mean, rms.var, rms.count,
+                                    rms_moments(returns.to(device), batch["valid"].reshape(-1), rms.mean)))
             loss, losses = impala_loss(agent, batch, args)
             agent.zero_grad(set_to_none=False)
             loss.backward()
@@ -723,7 +779,7 @@ def main(args: Args) -> int:
                 if args.optimizer == "rmsprop":
                     rmsprop_step(params, grad, opt_state, lr, args.rmsprop_alpha, args.rmsprop_eps)
                 else:
-                    adam_step(params, grad, opt_state, lr)
+                    adam_step(params, grad, opt_state, lr, eps=args.adam_eps)
                 control["version"] = update + 1
             learn_time = time.time() - t1
 

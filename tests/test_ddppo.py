@@ -263,19 +263,21 @@ def test_running_mean_var_equals_numpy_over_everything_seen():
     np.testing.assert_allclose(agent.obs_rms.var.numpy(), ref.var(0), rtol=1e-8)
 
 
-def test_merged_moments_of_ranks_equal_statistics_of_the_union():
+@pytest.mark.parametrize("module", ["ddppo", "impala", "seed"])  # the same text in the three files
+def test_merged_moments_of_ranks_equal_statistics_of_the_union(module):
     """What the all-reduce computes: moments of each rank's rows summed, then one merge, equals the statistics of
     the union; an empty batch changes nothing."""
+    m = load_algo(module)
     a, b = fake_rollout(6, 3, 0), fake_rollout(9, 2, 1)
     mean, var, count = torch.zeros(3).double(), torch.ones(3).double(), torch.zeros(()).double()
     for _ in range(2):  # twice: the second merge has a non-trivial running mean as its shift
-        summed = sum(ddppo.rms_moments(r["obs"], r["valid"].reshape(-1), mean) for r in (a, b))
-        mean, var, count = ddppo.rms_merge(mean, var, count, summed)
+        summed = sum(m.rms_moments(r["obs"], r["valid"].reshape(-1), mean) for r in (a, b))
+        mean, var, count = m.rms_merge(mean, var, count, summed)
     ref = np.concatenate([valid_obs([a, b])] * 2)
     np.testing.assert_allclose(mean.numpy(), ref.mean(0), rtol=1e-10)
     np.testing.assert_allclose(var.numpy(), ref.var(0), rtol=1e-8)
     assert count.item() == len(ref)
-    same = ddppo.rms_merge(mean, var, count, ddppo.rms_moments(a["obs"], torch.zeros(18), mean))
+    same = m.rms_merge(mean, var, count, m.rms_moments(a["obs"], torch.zeros(18), mean))
     assert all(torch.equal(x, y) for x, y in zip(same, (mean, var, count)))
 
 

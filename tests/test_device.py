@@ -158,10 +158,15 @@ def test_ddppo_checkpoint_loads_onto_the_device(tmp_path):
 @pytest.mark.parametrize("use_lstm", [False, True])
 def test_vtrace_learner_on_device(on_device, module, use_lstm):
     T, B, A = 5, 3, 2
-    agent = module.Agent((4,), A, use_lstm=use_lstm).to(META)
+    agent = module.Agent((4,), A, use_lstm=use_lstm, norm_reward=True).to(META)
     batch = {"obs": torch.zeros(T + 1, B, 4, device=META), "actions": torch.zeros(T, B, dtype=torch.long, device=META),
              "logits": torch.zeros(T, B, A, device=META), "state": agent.initial_state(B, META),
              **{k: torch.zeros(T, B, device=META) for k in ["rewards", "terms", "dones", "valid"]}}
+    rms = agent.return_rms  # main's reward scaler: scale with the statistics so far, merge the batch's returns
+    batch["rewards"] = module.scale_rewards(batch["rewards"], rms, 10.0)
+    rms.load(*module.rms_merge(rms.mean, rms.var, rms.count,
+                               module.rms_moments(torch.zeros(T, B, device=META), batch["valid"].reshape(-1), rms.mean)))
+    assert batch["rewards"].device == rms.var.device == META
     loss, losses = module.impala_loss(agent, batch, module.Args())
     loss.backward()
     params = list(agent.parameters())
