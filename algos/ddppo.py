@@ -355,12 +355,25 @@ def ppo_loss(agent: Agent, mb: dict, args: Args):
     return loss, stats
 
 
-def adam_init(params) -> dict:
-    n = sum(p.numel() for p in params)
-    return {"step": 0, "m": torch.zeros(n, device=params[0].device), "v": torch.zeros(n, device=params[0].device)}
+def flatten_parameters(agent: nn.Module):
+    """Make every parameter a view of one flat vector and every gradient a view of a second one (backward adds
+    into them in place), so the all-reduce, the clip and Adam each act on one tensor, with no per-parameter
+    concatenation or loop. Call it after moving the agent to its device. Returns (parameters, gradients)."""
+    params = list(agent.parameters())
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    grad = torch.zeros_like(flat)
+    offset = 0
+    for p in params:
+        p.data, p.grad = flat[offset:offset + p.numel()].view_as(p), grad[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return flat, grad
 
 
-def adam_step(params, grad: torch.Tensor, state: dict, lr: float, betas=(0.9, 0.999), eps: float = 1e-5) -> None:
+def adam_init(flat: torch.Tensor) -> dict:
+    return {"step": 0, "m": torch.zeros_like(flat), "v": torch.zeros_like(flat)}
+
+
+def adam_step(flat: torch.Tensor, grad: torch.Tensor, state: dict, lr: float, betas=(0.9, 0.999), eps: float = 1e-5) -> None:
     """Adam (Kingma & Ba, 2015) on the flat vector of all gradients. Written out rather than torch.optim.Adam
     because constructing any torch.optim optimizer imports torch._dynamo, over a second of start-up."""
     b1, b2 = betas
@@ -369,18 +382,12 @@ def adam_step(params, grad: torch.Tensor, state: dict, lr: float, betas=(0.9, 0.
     state["v"].mul_(b2).addcmul_(grad, grad, value=1 - b2)  # v <- b2 v + (1 - b2) g^2
     # lr * m_hat / (sqrt(v_hat) + eps), in torch.optim.Adam's order of operations (bitwise equal to it)
     denom = (state["v"].sqrt() / math.sqrt(1 - b2 ** state["step"])).add_(eps)
-    update = (lr / (1 - b1 ** state["step"])) * state["m"] / denom
-    with torch.no_grad():
-        offset = 0
-        for p in params:
-            p.sub_(update[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+    flat.sub_((lr / (1 - b1 ** state["step"])) * state["m"] / denom)
 
 
-def averaged_clipped_gradient(params, world_size: int, max_grad_norm: float) -> torch.Tensor:
-    """All gradients as one flat vector, averaged over ranks with one all-reduce (the only collective of the
-    inner loop), then clipped to a global norm. Every rank gets the same vector, so replicas stay equal."""
-    grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+def averaged_clipped_gradient(grad: torch.Tensor, world_size: int, max_grad_norm: float) -> torch.Tensor:
+    """The flat gradient, averaged over ranks with one all-reduce (the only collective of the inner loop), then
+    clipped to a global norm, in place. Every rank gets the same vector, so replicas stay equal."""
     if world_size > 1:
         dist.all_reduce(grad)
         grad /= world_size
@@ -388,20 +395,22 @@ def averaged_clipped_gradient(params, world_size: int, max_grad_norm: float) -> 
     return grad
 
 
-def ppo_update(agent, adam: dict, batch: dict, args: Args, lr: float, generator, world_size: int):
-    """update_epochs x num_minibatches gradient steps. Minibatch sizes follow this rank's (possibly preempted)
-    batch, but their number is fixed, so every rank enters the all-reduce equally often."""
-    params = list(agent.parameters())
-    n, device = batch["advantages"].shape[0], params[0].device
-    stats = torch.zeros(5, device=device)
+def ppo_update(agent, params: tuple, adam: dict, batch: dict, args: Args, lr: float, generator, world_size: int):
+    """update_epochs x num_minibatches gradient steps on params = flatten_parameters(agent). Minibatch sizes
+    follow this rank's (possibly preempted) batch, but their number is fixed, so every rank enters the
+    all-reduce equally often (an empty minibatch contributes a zero gradient)."""
+    flat, grad = params
+    n = batch["advantages"].shape[0]
+    stats = torch.zeros(5, device=flat.device)
     for _ in range(args.update_epochs):
-        for idx in torch.randperm(n, generator=generator, device=device).tensor_split(args.num_minibatches):
-            mb = {k: v[idx] for k, v in batch.items()}
-            loss, s = ppo_loss(agent, mb, args) if len(idx) else (sum(p.sum() * 0 for p in params), stats.new_zeros(5))
-            agent.zero_grad(set_to_none=False)
-            loss.backward()
-            adam_step(params, averaged_clipped_gradient(params, world_size, args.max_grad_norm), adam, lr)
-            stats += s
+        for idx in torch.randperm(n, generator=generator, device=flat.device).tensor_split(args.num_minibatches):
+            grad.zero_()
+            if len(idx):
+                loss, s = ppo_loss(agent, {k: v[idx] for k, v in batch.items()}, args)
+                loss.backward()
+                stats += s
+            with torch.no_grad():
+                adam_step(flat, averaged_clipped_gradient(grad, world_size, args.max_grad_norm), adam, lr)
     return stats / (args.update_epochs * args.num_minibatches)
 
 
@@ -567,7 +576,8 @@ def main(args: Args) -> int:
     args.norm_reward = continuous if args.norm_reward is None else args.norm_reward
     agent = Agent(spec.observation_space.shape, spec.action_space, args.norm_obs, args.norm_reward,
                   args.clip_obs).to(device)
-    adam = adam_init(list(agent.parameters()))
+    params = flatten_parameters(agent)
+    adam = adam_init(params[0])
     start_update, global_step, wall_before, time_to_threshold, threshold_step = 0, 0, 0.0, None, None
     recent = deque(maxlen=20)
     if args.resume and os.path.exists(ckpt_path):
@@ -635,7 +645,7 @@ def main(args: Args) -> int:
                  "logprobs": buf["logprobs"][:steps].reshape(-1)[keep], "values": values.reshape(-1)[keep],
                  "advantages": advantages.reshape(-1)[keep], "returns": returns.reshape(-1)[keep]}
         t1 = time.time()
-        losses = ppo_update(agent, adam, batch, args, lr, generator, world)
+        losses = ppo_update(agent, params, adam, batch, args, lr, generator, world)
         if obs_stats is not None:
             agent.obs_rms.load(*obs_stats)
         learn_time = time.time() - t1

@@ -92,28 +92,47 @@ def test_adam_step_matches_torch_adam():
     torch.manual_seed(0)
     a, b = ddppo.Agent((4,), ddppo.gym.spaces.Discrete(2)), ddppo.Agent((4,), ddppo.gym.spaces.Discrete(2))
     b.load_state_dict(a.state_dict())
-    pa, pb = list(a.parameters()), list(b.parameters())
-    state, reference = ddppo.adam_init(pa), torch.optim.Adam(pb, lr=3e-3, eps=1e-5)
+    flat, grad = ddppo.flatten_parameters(a)
+    state, reference = ddppo.adam_init(flat), torch.optim.Adam(b.parameters(), lr=3e-3, eps=1e-5)
     for step in range(5):
         obs, actions = torch.randn(32, 4), torch.randint(0, 2, (32,))
+        grad.zero_()
+        b.zero_grad()
         for agent in (a, b):
-            agent.zero_grad()
             logprob, _, value = agent.evaluate_actions(obs, actions)
             (logprob.mean() + (value ** 2).mean()).backward()
-        ddppo.adam_step(pa, torch.cat([p.grad.reshape(-1) for p in pa]), state, lr=3e-3)
+        assert all(torch.equal(x.grad, y.grad) for x, y in zip(a.parameters(), b.parameters()))
+        with torch.no_grad():
+            ddppo.adam_step(flat, grad, state, lr=3e-3)
         reference.step()
-        for x, y in zip(pa, pb):
+        for x, y in zip(a.parameters(), b.parameters()):
             torch.testing.assert_close(x, y, rtol=0, atol=0)  # same order of operations: bitwise equal
 
 
 def test_gradient_is_clipped_to_global_norm():
     p = torch.nn.Parameter(torch.zeros(3))
     q = torch.nn.Parameter(torch.zeros(2))
-    p.grad, q.grad = torch.tensor([3.0, 0.0, 0.0]), torch.tensor([0.0, 4.0])  # global norm 5
-    g = ddppo.averaged_clipped_gradient([p, q], world_size=1, max_grad_norm=0.5)
+    grad = torch.tensor([3.0, 0.0, 0.0, 0.0, 4.0])  # global norm 5
+    g = ddppo.averaged_clipped_gradient(grad, world_size=1, max_grad_norm=0.5)
     torch.testing.assert_close(g, torch.tensor([0.3, 0.0, 0.0, 0.0, 0.4]), rtol=1e-4, atol=1e-6)
-    p.grad, q.grad = torch.tensor([0.1, 0.0, 0.0]), torch.tensor([0.0, 0.0])
-    torch.testing.assert_close(ddppo.averaged_clipped_gradient([p, q], 1, 0.5), torch.tensor([0.1, 0, 0, 0, 0]))
+    assert g is grad  # in place: the parameters' .grad views see the clipped values
+    small = torch.tensor([0.1, 0.0, 0.0, 0.0, 0.0])
+    torch.testing.assert_close(ddppo.averaged_clipped_gradient(small, 1, 0.5), torch.tensor([0.1, 0, 0, 0, 0]))
+
+
+def test_flattened_parameters_are_views_that_backward_fills():
+    torch.manual_seed(0)
+    agent = ddppo.Agent((4,), ddppo.gym.spaces.Discrete(2))
+    before = {k: v.clone() for k, v in agent.state_dict().items()}
+    flat, grad = ddppo.flatten_parameters(agent)
+    assert all(torch.equal(before[k], v) for k, v in agent.state_dict().items())  # values kept
+    assert flat.numel() == grad.numel() == sum(p.numel() for p in agent.parameters())
+    logprob, _, value = agent.evaluate_actions(torch.randn(8, 4), torch.randint(0, 2, (8,)))
+    (logprob.mean() + value.mean()).backward()
+    assert grad.abs().sum() > 0 and torch.equal(grad, torch.cat([p.grad.reshape(-1) for p in agent.parameters()]))
+    with torch.no_grad():
+        flat.add_(1.0)  # written through to every parameter
+    assert all(torch.equal(before[k] + 1, v) for k, v in agent.state_dict().items())
 
 
 # ------------------------------------------------------------------------------------------ all-reduced update
@@ -128,12 +147,13 @@ def update_worker(rank, world, port, out_dir, sizes, minibatches, epochs):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.manual_seed(0)
     agent = ddppo.Agent((4,), ddppo.gym.spaces.Discrete(2))
-    adam = ddppo.adam_init(list(agent.parameters()))
+    params = ddppo.flatten_parameters(agent)
+    adam = ddppo.adam_init(params[0])
     full = make_batch(sum(sizes), seed=7)
     lo = sum(sizes[:rank])
     mine = {k: v[lo:lo + sizes[rank]] for k, v in full.items()}
     args = ddppo.Args(norm_adv=False, num_minibatches=minibatches, update_epochs=epochs)
-    ddppo.ppo_update(agent, adam, mine, args, 1e-2, torch.Generator().manual_seed(rank), world)
+    ddppo.ppo_update(agent, params, adam, mine, args, 1e-2, torch.Generator().manual_seed(rank), world)
     torch.save(agent.state_dict(), os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
 
@@ -160,9 +180,10 @@ def test_allreduced_update_equals_single_process_update_on_union(tmp_path):
     states = spawn_update(tmp_path, [64, 64], minibatches=1, epochs=3)
     torch.manual_seed(0)
     agent = ddppo.Agent((4,), ddppo.gym.spaces.Discrete(2))
-    adam = ddppo.adam_init(list(agent.parameters()))
+    params = ddppo.flatten_parameters(agent)
+    adam = ddppo.adam_init(params[0])
     before = {k: v.clone() for k, v in agent.state_dict().items()}
-    ddppo.ppo_update(agent, adam, make_batch(128, seed=7), ddppo.Args(norm_adv=False, num_minibatches=1, update_epochs=3),
+    ddppo.ppo_update(agent, params, adam, make_batch(128, seed=7), ddppo.Args(norm_adv=False, num_minibatches=1, update_epochs=3),
                      1e-2, torch.Generator().manual_seed(0), 1)
     for k, v in agent.state_dict().items():
         torch.testing.assert_close(states[0][k], v, rtol=1e-5, atol=1e-6)
@@ -323,7 +344,7 @@ def test_statistics_are_identical_on_all_ranks_and_cover_the_union(tmp_path):
 def test_statistics_survive_a_checkpoint_and_normalize_observations(tmp_path):
     agent = normalized_agent(clip_obs=3.0)
     run_normalizers(agent, [fake_rollout(6, 4, s) for s in range(2)], ddppo.Args(), 1)
-    adam = ddppo.adam_init(list(agent.parameters()))
+    adam = ddppo.adam_init(ddppo.flatten_parameters(agent)[0])
     ddppo.save_checkpoint(str(tmp_path / "c.pt"), ddppo.checkpoint_payload(agent, adam, 1, 2, 3.0, None, None, []))
     restored = normalized_agent(clip_obs=3.0)
     restored.load_state_dict(torch.load(tmp_path / "c.pt", weights_only=True)["model"])

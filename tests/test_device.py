@@ -105,8 +105,9 @@ def test_ddppo_learner_on_device(on_device, continuous, norm, n, minibatches):
     batch = {"obs": torch.zeros(n, 4, device=META), "actions": actions, **{k: torch.zeros(n, device=META)
              for k in ["logprobs", "values", "advantages", "returns"]}}
     args = ddppo.Args(num_minibatches=minibatches, update_epochs=2, clip_vloss=True)
-    adam = ddppo.adam_init(list(agent.parameters()))
-    stats = ddppo.ppo_update(agent, adam, batch, args, 1e-3, MetaGenerator(), world_size=2)
+    params = ddppo.flatten_parameters(agent)
+    adam = ddppo.adam_init(params[0])
+    stats = ddppo.ppo_update(agent, params, adam, batch, args, 1e-3, MetaGenerator(), world_size=2)
     assert stats.device == META and adam["m"].device == META
     assert len(on_device.all_reduce_calls) == args.update_epochs * minibatches
     T, N = 5, 3
@@ -142,14 +143,14 @@ def test_ddppo_rollout_normalizers_and_evaluate_on_device(on_device, env_id, nor
 
 def test_ddppo_checkpoint_loads_onto_the_device(tmp_path):
     cpu_agent = ddppo.Agent((4,), ddppo.gym.spaces.Box(-1, 1, (2,)), True, True)  # a checkpoint of a CPU run
-    adam = ddppo.adam_init(list(cpu_agent.parameters()))
+    adam = ddppo.adam_init(ddppo.flatten_parameters(cpu_agent)[0])
     ddppo.save_checkpoint(str(tmp_path / "c.pt"), ddppo.checkpoint_payload(cpu_agent, adam, 1, 2, 3.0, None, None, []))
     ckpt = torch.load(tmp_path / "c.pt", map_location=META, weights_only=True)  # as main loads it
     agent, _ = ddppo_agent(True, True)
     with OnDevice():
+        flat, grad = ddppo.flatten_parameters(agent)  # as main: flattened on the device, then the checkpoint loaded
         agent.load_state_dict(ckpt["model"])
-        params = list(agent.parameters())
-        ddppo.adam_step(params, torch.cat([p.detach().reshape(-1) for p in params]), ckpt["adam"], 1e-3)
+        ddppo.adam_step(flat, grad, ckpt["adam"], 1e-3)
     assert all(v.device == META for v in agent.state_dict().values())
 
 
