@@ -96,7 +96,7 @@ class Args:
     update_epochs: int = 10
     """epochs over each rollout"""
     norm_adv: bool = True
-    """normalize advantages within each minibatch"""
+    """normalize advantages once per update, with their mean and std over all ranks (as habitat-lab's DD-PPO)"""
     clip_coef: float = 0.2
     """PPO's surrogate clipping coefficient"""
     clip_vloss: bool = False
@@ -333,14 +333,26 @@ def rms_merge(mean, var, count, moments):
     return mean + f * delta, var + f * (batch_var - var) + f * (1 - f) * delta ** 2, count + n
 
 
-def ppo_loss(agent: Agent, mb: dict, args: Args):
-    """PPO's clipped surrogate, (clipped) value loss and entropy bonus for one minibatch."""
+def normalized_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Advantages minus their mean, over their std, both over every rank's batch (one all-reduce of three numbers),
+    so all ranks use the same statistics however preemption split the data."""
+    x = adv.double()
+    moments = torch.stack([x.new_tensor(float(x.numel())), x.sum(), (x * x).sum()])
+    if world_size > 1:
+        dist.all_reduce(moments)
+    n, total, squares = moments
+    mean = total / n.clamp(min=1)
+    std = torch.sqrt((squares - n * mean ** 2).clamp(min=0) / (n - 1).clamp(min=1))  # unbiased, as torch.std
+    return ((adv - mean) / (std + 1e-8)).float()
+
+
+def ppo_loss(agent: Agent, mb: dict, args: Args, with_stats: bool = True):
+    """PPO's clipped surrogate, (clipped) value loss and entropy bonus for one minibatch; with_stats: also the
+    diagnostics (losses, approximate KL, clip fraction)."""
     newlogprob, entropy, newvalue = agent.evaluate_actions(mb["obs"], mb["actions"])
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
     adv = mb["advantages"]
-    if args.norm_adv and adv.numel() > 1:
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
     pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
     if args.clip_vloss:
         v_clipped = mb["values"] + (newvalue - mb["values"]).clamp(-args.clip_coef, args.clip_coef)
@@ -349,6 +361,8 @@ def ppo_loss(agent: Agent, mb: dict, args: Args):
         v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
     ent = entropy.mean()
     loss = pg_loss - args.ent_coef * ent + args.vf_coef * v_loss
+    if not with_stats:
+        return loss, None
     with torch.no_grad():
         stats = torch.stack([pg_loss, v_loss, ent, ((ratio - 1) - logratio).mean(),
                              ((ratio - 1.0).abs() > args.clip_coef).float().mean()])
@@ -401,17 +415,21 @@ def ppo_update(agent, params: tuple, adam: dict, batch: dict, args: Args, lr: fl
     all-reduce equally often (an empty minibatch contributes a zero gradient)."""
     flat, grad = params
     n = batch["advantages"].shape[0]
-    stats = torch.zeros(5, device=flat.device)
-    for _ in range(args.update_epochs):
+    if args.norm_adv:
+        batch = dict(batch, advantages=normalized_advantages(batch["advantages"], world_size))
+    stats = torch.zeros(5, device=flat.device)  # diagnostics of the last epoch
+    for epoch in range(args.update_epochs):
+        last = epoch == args.update_epochs - 1
         for idx in torch.randperm(n, generator=generator, device=flat.device).tensor_split(args.num_minibatches):
             grad.zero_()
             if len(idx):
-                loss, s = ppo_loss(agent, {k: v[idx] for k, v in batch.items()}, args)
+                loss, s = ppo_loss(agent, {k: v[idx] for k, v in batch.items()}, args, with_stats=last)
                 loss.backward()
-                stats += s
+                if last:
+                    stats += s
             with torch.no_grad():
                 adam_step(flat, averaged_clipped_gradient(grad, world_size, args.max_grad_norm), adam, lr)
-    return stats / (args.update_epochs * args.num_minibatches)
+    return stats / args.num_minibatches
 
 
 # ----------------------------------------------------------------------------------------------- roles

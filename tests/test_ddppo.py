@@ -171,6 +171,24 @@ def spawn(worker, world, tmp_path, *args, timeout=60):
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
 
 
+def advantage_worker(rank, world, port, out_dir, sizes):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    full = make_batch(sum(sizes), seed=3)["advantages"] * 5 + 2
+    mine = full[sum(sizes[:rank]):sum(sizes[:rank + 1])]
+    torch.save({"adv": ddppo.normalized_advantages(mine, world)}, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_advantages_are_normalized_with_statistics_over_all_ranks(tmp_path):
+    """habitat-lab's form: one mean and std over every rank's advantages, however unequal (even empty) the parts."""
+    sizes = [40, 0, 88]
+    parts = spawn(advantage_worker, 3, tmp_path, sizes)
+    full = make_batch(sum(sizes), seed=3)["advantages"] * 5 + 2
+    union = torch.cat([p["adv"] for p in parts])
+    torch.testing.assert_close(union, (full - full.mean()) / (full.std() + 1e-8), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ddppo.normalized_advantages(full, 1), union, rtol=1e-5, atol=1e-5)
+
+
 def spawn_update(tmp_path, sizes, minibatches, epochs):
     return spawn(update_worker, len(sizes), tmp_path, sizes, minibatches, epochs)
 

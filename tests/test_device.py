@@ -109,7 +109,7 @@ def test_ddppo_learner_on_device(on_device, continuous, norm, n, minibatches):
     adam = ddppo.adam_init(params[0])
     stats = ddppo.ppo_update(agent, params, adam, batch, args, 1e-3, MetaGenerator(), world_size=2)
     assert stats.device == META and adam["m"].device == META
-    assert len(on_device.all_reduce_calls) == args.update_epochs * minibatches
+    assert len(on_device.all_reduce_calls) == 1 + args.update_epochs * minibatches  # advantage stats + gradients
     T, N = 5, 3
     adv, ret = ddppo.compute_gae(*[torch.zeros(T, N, device=META)] * 2, torch.zeros(N, device=META),
                                  *[torch.zeros(T, N, device=META)] * 2, 0.99, 0.95)
