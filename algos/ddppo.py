@@ -146,6 +146,8 @@ def fail(arg: str, message: str) -> None:
 
 
 def validate(args: Args) -> None:
+    if not 0 <= args.seed < 2**30:  # env seeds add offsets to it and must stay 32-bit
+        fail("seed", f"must be in [0, 2**30), got {args.seed}")
     positive = ["total_timesteps", "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"]
     for name in positive + ["learning_rate", "clip_obs", "clip_reward"]:
         if getattr(args, name) <= 0:

@@ -10,6 +10,7 @@ bytes), never parameters or gradients: every worker applies the same update to i
   python algos/es.py --num-workers 2                         # two worker processes on this machine
   torchrun --standalone --nproc_per_node=2 algos/es.py       # the same under torchrun (or across nodes)
 """
+import ctypes
 import hashlib
 import json
 import math
@@ -126,6 +127,8 @@ def fail(arg: str, message: str) -> None:
 
 
 def validate(args: Args) -> None:
+    if not 0 <= args.seed < 2**30:  # env seeds add offsets to it and must stay 32-bit
+        fail("seed", f"must be in [0, 2**30), got {args.seed}")
     for name in ["total_timesteps", "population_size", "eval_episodes", "num_workers", "sigma", "learning_rate",
                  "noise_table_size", "obs_clip"]:
         if getattr(args, name) <= 0:
@@ -314,6 +317,12 @@ def rollout_population(policy: Policy, params: torch.Tensor, env_id: str, seed: 
     return returns, lengths, stats
 
 
+# Columns of the table the workers all-gather, one row per antithetic pair: global pair index, noise-table index,
+# the returns and lengths of its two episodes (theta + sigma eps, theta - sigma eps), and their observation
+# statistics summed (sum, sum of squares, count per feature). Nothing else crosses between workers.
+PAIR, NOISE, RETURNS, LENGTHS, OBSTAT = 0, 1, slice(2, 4), slice(4, 6), slice(6, None)
+
+
 def save_checkpoint(path: str, payload: dict) -> None:
     """Atomic: write a temporary file beside the target, then rename over it."""
     tmp = f"{path}.tmp{os.getpid()}"
@@ -335,7 +344,10 @@ def setup_distributed(args: Args) -> None:
         dist.init_process_group("gloo", init_method="env://")
 
 
-def worker_entry(index: int, args: Args, num_workers: int) -> None:
+def worker_entry(index: int, args: Args, num_workers: int, parent: int) -> None:
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the parent, whatever kills it
+    if os.getppid() != parent:  # the parent died before the line above
+        os._exit(1)
     os.environ.update(RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(num_workers),
                       LOCAL_WORLD_SIZE=str(num_workers))
     args.num_workers = 1
@@ -351,7 +363,7 @@ def spawn_workers(args: Args) -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    ctx = mp.start_processes(worker_entry, args=(args, args.num_workers), nprocs=args.num_workers, join=False,
+    ctx = mp.start_processes(worker_entry, args=(args, args.num_workers, os.getpid()), nprocs=args.num_workers, join=False,
                              start_method="fork")
     for sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, lambda signum, frame: [os.kill(p.pid, signum) for p in ctx.processes if p.is_alive()])
@@ -430,29 +442,32 @@ def main(args: Args) -> int:
         t0 = time.time()
         indices = sample_noise_indices(args.seed, generation, num_pairs, args.noise_table_size, dim)
         mean, std = obs_mean_std(obstat, obs_dim) if args.obs_norm else (torch.zeros(obs_dim), torch.ones(obs_dim))
-        # Rows 2j and 2j + 1 are theta + sigma eps_j and theta - sigma eps_j of the global pair lo + j.
-        eps = torch.stack([noise[int(i):int(i) + dim] for i in indices[lo:hi]]) if hi > lo else torch.zeros(0, dim)
-        params = torch.stack([theta + args.sigma * eps, theta - args.sigma * eps], 1).reshape(-1, dim)
-        rets, lens, stats = rollout_population(policy, params, args.env_id, env_seed(args, generation, 2 * lo),
-                                               mean, std, args.obs_clip, cap, env_threads)
-        # What crosses between workers, per pair: global index, noise index, 2 returns, 2 lengths, obs statistics.
-        rows = torch.full((per_rank, 6 + 2 * obs_dim + 1), -1.0, dtype=torch.float64)  # padding rows keep index -1
-        rows[:hi - lo] = torch.cat([torch.as_tensor(np.stack([np.arange(lo, hi), indices[lo:hi]], 1), dtype=torch.float64),
-                                    torch.as_tensor(rets.reshape(-1, 2)), torch.as_tensor(lens.reshape(-1, 2)).double(),
-                                    stats[0::2] + stats[1::2]], 1)
+        rows = torch.full((per_rank, 6 + 2 * obs_dim + 1), -1.0, dtype=torch.float64)  # padding rows keep PAIR -1
+        if hi > lo:  # a worker may get no pair (more workers than pairs); envpool refuses an empty batch
+            # Rows 2j and 2j + 1 are theta + sigma eps_j and theta - sigma eps_j of the global pair lo + j.
+            eps = torch.stack([noise[int(i):int(i) + dim] for i in indices[lo:hi]])
+            params = torch.stack([theta + args.sigma * eps, theta - args.sigma * eps], 1).reshape(-1, dim)
+            rets, lens, stats = rollout_population(policy, params, args.env_id, env_seed(args, generation, 2 * lo),
+                                                   mean, std, args.obs_clip, cap, env_threads)
+            mine = rows[:hi - lo]
+            mine[:, PAIR] = torch.arange(lo, hi, dtype=torch.float64)
+            mine[:, NOISE] = torch.as_tensor(indices[lo:hi], dtype=torch.float64)
+            mine[:, RETURNS] = torch.as_tensor(rets.reshape(-1, 2))
+            mine[:, LENGTHS] = torch.as_tensor(lens.reshape(-1, 2), dtype=torch.float64)
+            mine[:, OBSTAT] = stats[0::2] + stats[1::2]
         rollout_time = time.time() - t0
         if world > 1:
             gathered = [torch.empty_like(rows) for _ in range(world)]
             dist.all_gather(gathered, rows)
             rows = torch.cat(gathered)
         gathered_bytes = rows.numel() * 8  # the table every worker receives
-        rows = rows[rows[:, 0] >= 0]
-        assert torch.equal(rows[:, 0], torch.arange(num_pairs, dtype=torch.float64))
+        rows = rows[rows[:, PAIR] >= 0]
+        assert torch.equal(rows[:, PAIR], torch.arange(num_pairs, dtype=torch.float64))
         t1 = time.time()
-        returns = rows[:, 2:4].numpy()
-        theta, grad_norm = es_update(theta, adam, noise, rows[:, 1].long().tolist(), returns, args)
-        obstat = obstat + rows[:, 6:].sum(0)
-        lengths = rows[:, 4:6].numpy()
+        returns = rows[:, RETURNS].numpy()
+        theta, grad_norm = es_update(theta, adam, noise, rows[:, NOISE].long().tolist(), returns, args)
+        obstat = obstat + rows[:, OBSTAT].sum(0)
+        lengths = rows[:, LENGTHS].numpy()
         global_step += int(lengths.sum())
         if args.adaptive_cap:
             cap = min(max_steps, max(1, int(2 * lengths.mean())))

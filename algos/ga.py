@@ -11,6 +11,7 @@ exchange only seeds and fitnesses and rebuild parameters themselves, never sendi
   python algos/ga.py --num-workers 2                         # two worker processes on this machine
   torchrun --standalone --nproc_per_node=2 algos/ga.py       # the same under torchrun (or across nodes)
 """
+import ctypes
 import hashlib
 import json
 import math
@@ -123,6 +124,8 @@ def fail(arg: str, message: str) -> None:
 
 
 def validate(args: Args) -> None:
+    if not 0 <= args.seed < 2**30:  # env seeds add offsets to it and must stay 32-bit
+        fail("seed", f"must be in [0, 2**30), got {args.seed}")
     for name in ["total_timesteps", "population_size", "truncation", "elite_candidates", "elite_episodes",
                  "eval_episodes", "num_workers", "sigma", "noise_table_size"]:
         if getattr(args, name) <= 0:
@@ -196,7 +199,11 @@ class Policy:
         return torch.cat(chunks)
 
     def forward(self, params: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
-        """params [P, num_params], obs [P, obs_dim] -> outputs [P, n_out]."""
+        """params [P, num_params], obs [P, obs_dim] -> outputs [P, n_out]. A single row is computed inside a batch
+        of two (itself twice): baddbmm takes another kernel for a batch of one, whose low bits differ, and an
+        individual's result must not depend on how many others share its worker's block."""
+        if params.shape[0] == 1:
+            return self.forward(params.repeat(2, 1), obs.repeat(2, 1))[:1]
         h, offset = obs.unsqueeze(-1), 0
         for k, (o, i) in enumerate(self.shapes):
             w = params[:, offset:offset + o * i].view(-1, o, i)
@@ -328,7 +335,10 @@ def setup_distributed(args: Args) -> None:
         dist.init_process_group("gloo", init_method="env://")
 
 
-def worker_entry(index: int, args: Args, num_workers: int) -> None:
+def worker_entry(index: int, args: Args, num_workers: int, parent: int) -> None:
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the parent, whatever kills it
+    if os.getppid() != parent:  # the parent died before the line above
+        os._exit(1)
     os.environ.update(RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(num_workers),
                       LOCAL_WORLD_SIZE=str(num_workers))
     args.num_workers = 1
@@ -344,7 +354,7 @@ def spawn_workers(args: Args) -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    ctx = mp.start_processes(worker_entry, args=(args, args.num_workers), nprocs=args.num_workers, join=False,
+    ctx = mp.start_processes(worker_entry, args=(args, args.num_workers, os.getpid()), nprocs=args.num_workers, join=False,
                              start_method="fork")
     for sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, lambda signum, frame: [os.kill(p.pid, signum) for p in ctx.processes if p.is_alive()])
@@ -434,7 +444,7 @@ def main(args: Args) -> int:
         cand_params = [get_params(c) for c in candidates]
         cand_returns, cand_lengths, cand_bytes = run_episodes(
             policy, lambda j: cand_params[j // E], len(candidates) * E, env_seed(args, generation, N), args,
-            max_steps, env_threads)
+            cap, env_threads)  # the same episode cap as the mutants (as in Uber's code)
         scores = cand_returns.reshape(len(candidates), E).mean(1)
         best = int(np.argmax(scores))  # ties: the first, so a previous elite that ties keeps its place
         elite, elite_score = candidates[best], float(scores[best])

@@ -157,6 +157,8 @@ def fail(arg: str, message: str) -> None:
 
 
 def validate(args: Args) -> None:
+    if not 0 <= args.seed < 2**30:  # env seeds add offsets to it and must stay 32-bit
+        fail("seed", f"must be in [0, 2**30), got {args.seed}")
     for name in ["total_timesteps", "num_envs", "unroll_length", "batch_size", "eval_episodes", "learning_rate",
                  "rho_bar", "c_bar", "rmsprop_eps", "adam_eps", "clip_reward"]:
         if getattr(args, name) <= 0:

@@ -138,6 +138,32 @@ def kill_one_worker(proc: subprocess.Popen, script: str, ready, min_workers: int
             pass
 
 
+def kill_parent(runner: "Runner", name: str, env_id: str, *args) -> None:
+    """Start `name ARGS --num-workers 2` with its output in a file (as under SLURM), SIGKILL the parent once the
+    workers run, and assert that every worker is gone within 10 s (none left blocked in a collective)."""
+    import signal
+    import shlex
+    command = " ".join(shlex.quote(str(c)) for c in algo_command(name, [*args, "--num-workers", 2]))
+    # Launched from a shell in the background, output to a file, as a batch script would: started from Python
+    # directly, the workers of the unguarded files happened to die with the parent, which hid the bug.
+    launcher = subprocess.run(["bash", "-c", f"{command} > job.log 2>&1 < /dev/null & echo $!"], cwd=runner.cwd,
+                              env=child_env(), capture_output=True, text=True, check=True)
+    parent = int(launcher.stdout.split()[-1])
+    workers = lambda: [p for p in descendants(parent) if os.path.exists(f"/proc/{p}")  # noqa: E731
+                       and f"{name}.py" in open(f"/proc/{p}/cmdline").read()]
+    assert wait_for(lambda: len(workers()) >= 2 and runner.run_dir(env_id, name).exists(), 60), "no workers"
+    time.sleep(1.0)
+    victims = workers()
+    os.kill(parent, signal.SIGKILL)
+    alive = lambda: [p for p in victims if os.path.exists(f"/proc/{p}")  # noqa: E731
+                     and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
+    try:
+        assert wait_for(lambda: not alive(), 10), f"workers {alive()} outlived their parent"
+    finally:
+        for p in alive():
+            os.kill(p, signal.SIGKILL)
+
+
 # summary.json keys that measure time or depend on the launch (worker count, padding), not the result
 LAUNCH_KEYS = {"wall_time_s", "sps", "train_time_s", "time_to_threshold_s", "world_size", "bytes_per_generation",
                "episodes_per_s"}

@@ -496,6 +496,7 @@ def test_dead_worker_ends_job_quickly_without_orphans(runner):
 
 
 BAD = [
+    (["--seed", -1], "--seed"),
     (["--env-id", "NoSuchEnv-v0"], "--env-id"),
     (["--env-id", "MiniGrid-Empty-5x5-v0"], "--env-id"),
     (["--num-minibatches", "3"], "--num-minibatches"),

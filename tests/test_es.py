@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (ROOT, SUMMARY_KEYS, assert_bad_argument, assert_same_result, assert_solves, bad_cases, check_ok, kill_one_worker,
+from conftest import (kill_parent, ROOT, SUMMARY_KEYS, assert_bad_argument, assert_same_result, assert_solves, bad_cases, check_ok, kill_one_worker,
                       load_algo, sigterm_and_resume)
 
 es = load_algo("es")
@@ -153,6 +153,15 @@ def test_result_does_not_depend_on_worker_count(runner):
     assert_same_result(one, two)
 
 
+def test_a_worker_without_pairs_runs_and_changes_nothing(runner):
+    """7 workers share the default 24 pairs in blocks of 4: the last worker gets none (envpool refuses an empty
+    batch, so it must not make one) and the result is still that of 1 worker."""
+    budget = ["--total-timesteps", 12_000]
+    check_ok(runner.run("es", *budget, "--exp-name", "one"))
+    check_ok(runner.run("es", *budget, "--exp-name", "seven", "--num-workers", 7))
+    assert_same_result(runner.summary(ENV, "one"), runner.summary(ENV, "seven"))
+
+
 def test_mujoco_continuous_actions_run(runner):
     check_ok(runner.run("es", "--env-id", "Hopper-v4", "--total-timesteps", 500, "--population-size", 4,
                         "--eval-episodes", 1, "--adaptive-cap"))
@@ -169,7 +178,12 @@ def test_dead_worker_ends_job_quickly_without_orphans(runner):
     assert "error: worker" in out
 
 
+def test_killed_parent_leaves_no_worker_behind(runner):
+    kill_parent(runner, "es", ENV, "--total-timesteps", 10**8)
+
+
 BAD = [
+    (["--seed", -1], "--seed"),
     (["--env-id", "NoSuchEnv-v0"], "--env-id"),
     (["--env-id", "Pong-v5"], "--env-id"),
     (["--population-size", "7"], "--population-size"),

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (SUMMARY_KEYS, assert_bad_argument, assert_same_result, assert_solves, bad_cases, check_ok, kill_one_worker,
+from conftest import (kill_parent, SUMMARY_KEYS, assert_bad_argument, assert_same_result, assert_solves, bad_cases, check_ok, kill_one_worker,
                       load_algo, sigterm_and_resume)
 
 ga = load_algo("ga")
@@ -107,6 +107,41 @@ def test_result_does_not_depend_on_worker_count(runner):
     assert_same_result(one, two)
 
 
+@pytest.mark.parametrize("obs_dim,actions", [(4, 2), (11, 3)])  # CartPole, Hopper-v4
+def test_an_individual_gets_the_same_bits_alone_and_in_a_batch(obs_dim, actions):
+    """A worker's block can be one row: the policy must give that row the bits it gets among others (baddbmm
+    alone takes another kernel: before the fix 144 of these 150 comparisons differed in the low bits)."""
+    space = ga.gym.spaces.Discrete(actions) if obs_dim == 4 else ga.gym.spaces.Box(-1, 1, (actions,))
+    policy, g = ga.Policy(obs_dim, space), torch.Generator().manual_seed(0)
+    for _ in range(50):
+        params, obs = torch.randn(5, policy.num_params, generator=g) * 0.1, torch.randn(5, obs_dim, generator=g)
+        alone = policy.forward(params[:1], obs[:1])[0]
+        for n in (2, 3, 5):
+            assert torch.equal(alone, policy.forward(params[:n], obs[:n])[0])
+
+
+def test_one_row_blocks_and_empty_workers_change_nothing(runner):
+    """4 workers: the 13 individuals split 4, 4, 4, 1 (a one-row block, which baddbmm alone computes with other
+    low bits) and the 6 elite episodes 2, 2, 2, 0 (an empty worker); the result is that of 1 worker."""
+    small = ["--total-timesteps", 8_000, "--population-size", 13, "--truncation", 3, "--elite-candidates", 2,
+             "--elite-episodes", 3]
+    check_ok(runner.run("ga", *small, "--exp-name", "one"))
+    check_ok(runner.run("ga", *small, "--exp-name", "four", "--num-workers", 4))
+    assert_same_result(runner.summary(ENV, "one"), runner.summary(ENV, "four"))
+
+
+def test_elite_episodes_obey_the_episode_cap(runner):
+    """A CartPole episode lasts at least 8 steps, so with a cap of 5 every episode, mutant or elite, is 5 steps."""
+    check_ok(runner.run("ga", "--total-timesteps", 1_000, "--population-size", 8, "--truncation", 2,
+                        "--elite-candidates", 2, "--elite-episodes", 2, "--episode-cap", 5, "--eval-episodes", 1))
+    s = runner.summary(ENV, "ga")
+    assert s["elite_score"] == 5.0 and s["global_step"] % 5 == 0  # the elite's mean return is its mean length
+
+
+def test_killed_parent_leaves_no_worker_behind(runner):
+    kill_parent(runner, "ga", ENV, "--total-timesteps", 10**8)
+
+
 def test_mujoco_continuous_actions_run(runner):
     check_ok(runner.run("ga", "--env-id", "Hopper-v4", "--total-timesteps", 500, "--population-size", 4,
                         "--truncation", 2, "--elite-candidates", 2, "--elite-episodes", 2, "--eval-episodes", 1))
@@ -124,6 +159,7 @@ def test_dead_worker_ends_job_quickly_without_orphans(runner):
 
 
 BAD = [
+    (["--seed", -1], "--seed"),
     (["--env-id", "NoSuchEnv-v0"], "--env-id"),
     (["--env-id", "Pong-v5"], "--env-id"),
     (["--truncation", "64"], "--truncation"),

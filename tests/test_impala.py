@@ -255,7 +255,7 @@ def test_sigterm_checkpoint_resume(runner):
 
 
 @pytest.mark.parametrize("args,name", bad_cases([
-    (["--env-id", "NoSuchEnv-v0"], "env-id"), (["--env-id", "Pendulum-v1"], "env-id"),
+    (["--seed", -1], "seed"), (["--env-id", "NoSuchEnv-v0"], "env-id"), (["--env-id", "Pendulum-v1"], "env-id"),
     (["--batch-size", 12], "batch-size"), (["--num-envs", 0], "num-envs"), (["--rho-bar", 0], "rho-bar"),
     (["--vtrace-lambda", 1.5], "vtrace-lambda"), (["--network", "resnet"], "network"),
     (["--deterministic", "--num-actors", 3], "num-actors"), (["--num-buffers", 1, "--batch-size", 16], "num-buffers")]))

@@ -45,7 +45,7 @@ def test_sigterm_checkpoint_resume(runner):
 
 
 @pytest.mark.parametrize("args,name", bad_cases([
-    (["--env-id", "NoSuchEnv-v0"], "env-id"), (["--env-id", "Pendulum-v1"], "env-id"),
+    (["--seed", -1], "seed"), (["--env-id", "NoSuchEnv-v0"], "env-id"), (["--env-id", "Pendulum-v1"], "env-id"),
     (["--batch-size", 12], "batch-size"), (["--inference-timeout-ms", -1], "inference-timeout-ms"),
     (["--c-bar", 0], "c-bar"), (["--network", "nature"], "network"), (["--num-buffers", 1, "--batch-size", 16], "num-buffers")]))
 def test_bad_arguments(runner, args, name):
