@@ -509,16 +509,20 @@ def actor_loop(actor: int, args: Args, spec, buffers: dict, store: ParameterStor
     per_round = args.unrolls_per_batch // args.num_actors
     loaded, sequence = -1, 0
     while True:
+        # Deterministic mode: the parameters of this round's version first (waiting for it if need be), then a
+        # buffer. Default mode: a buffer first, then the latest parameters, so that an actor held up by
+        # backpressure does not start its unroll with parameters from before the wait (the paper fetches the
+        # latest before each trajectory).
         if args.deterministic:
             rnd = start_update + sequence // per_round
             wanted = max(rnd - 1, start_update)
             if wanted != loaded:
                 loaded = store.read(flat, wanted)
                 load_flat(agent, flat)
-        elif int(store.version[0]) != loaded:  # default mode: the latest parameters, when there are new ones
+        k = free_q.get()
+        if not args.deterministic and int(store.version[0]) != loaded:  # new parameters since the last unroll
             loaded = store.read(flat)
             load_flat(agent, flat)
-        k = free_q.get()
         buffers["state"][k] = state
         for t in range(T):
             buffers["obs"][k, t] = obs

@@ -175,9 +175,14 @@ def validate(args: Args) -> None:
         fail("batch_size", f"{args.batch_size} is not a multiple of --num-envs {args.num_envs}")
     if args.inference_timeout_ms < 0:
         fail("inference_timeout_ms", f"must not be negative, got {args.inference_timeout_ms}")
+    # Every actor always holds the buffer it is filling, and the single inference thread waits for a free one
+    # when an actor's unroll completes: with fewer than actors + unrolls - 1 buffers the learner can never gather
+    # a batch while every actor waits (a deadlock), so such a count is refused.
     unrolls = args.batch_size // args.num_envs
-    if args.num_buffers and args.num_buffers < unrolls:
-        fail("num_buffers", f"{args.num_buffers} is too few for {unrolls} unrolls per batch")
+    actors = (args.num_actors or available_cpus()) + int(os.environ.get("WORLD_SIZE", "1")) - 1
+    if args.num_buffers and args.num_buffers < actors + unrolls - 1:
+        fail("num_buffers", f"{args.num_buffers} is too few: {actors} actors and {unrolls} unrolls per batch need at "
+             f"least {actors + unrolls - 1}")
     if args.env_id not in envpool.list_all_envs():
         fail("env_id", f"'{args.env_id}' is not an envpool environment")
     spec = envpool.make_spec(args.env_id)

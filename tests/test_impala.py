@@ -1,5 +1,7 @@
 """IMPALA (algos/impala.py). The pure functions (V-trace, loss, optimizers, networks) are the same text in
 algos/seed.py, so their tests run on both files; tests/test_seed.py covers what differs."""
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -190,6 +192,33 @@ def test_shared_memory_handover_exactly_once_and_bounded():
         for p in actors:
             p.kill()
             p.join()
+
+
+def test_actor_fetches_parameters_after_waiting_for_a_buffer():
+    """Default mode: an actor held up by backpressure (no free buffer) must start its next unroll with the
+    parameters published while it waited, not with those it had before."""
+    args = impala.Args(num_envs=2, unroll_length=3, batch_size=2, num_actors=1)
+    args.unrolls_per_batch = 1
+    spec = impala.envpool.make_spec(args.env_id)
+    agent = impala.Agent(spec.observation_space.shape, spec.action_space.n)
+    buffers = impala.shared_buffers(args, spec, 2, 0)
+    store = impala.ParameterStore(sum(p.numel() for p in agent.parameters()))
+    store.publish(impala.flat_params(agent), 0)
+    ctx = mp.get_context("fork")
+    free_q, full_q = ctx.Queue(maxsize=2), ctx.Queue(maxsize=2)
+    free_q.put(0)
+    actor = ctx.Process(target=impala.actor_loop, args=(0, args, spec, buffers, store, free_q, full_q, 0), daemon=True)
+    actor.start()
+    try:
+        first = full_q.get(timeout=30)
+        assert buffers["meta"][first][0] == 0
+        time.sleep(1.0)  # the actor now waits for a free buffer
+        store.publish(impala.flat_params(agent) + 1.0, 1)
+        free_q.put(1)
+        assert buffers["meta"][full_q.get(timeout=30)][0] == 1  # version 1: fetched after the wait
+    finally:
+        actor.kill()
+        actor.join()
 
 
 def test_smoke_two_actors(runner):

@@ -29,6 +29,14 @@ def test_torchrun_learner_and_remote_actor(runner):
     assert s["inference_batch_mean"] == 2 * 8  # the remote actor's requests are batched with the local one's
 
 
+def test_fewest_buffers_accepted_do_not_deadlock(runner):
+    """3 actors each holding a buffer, 2 unrolls per batch: 4 buffers are the least that always let the learner
+    gather a batch (validation refuses 3, which used to hang forever)."""
+    check_ok(runner.run("seed", "--total-timesteps", 3200, "--num-actors", 3, "--batch-size", 16, "--num-buffers", 4,
+                        timeout=120))
+    assert runner.summary("CartPole-v1", "seed")["global_step"] == 3200
+
+
 def test_learns_cartpole_with_defaults(runner):
     assert_solves(runner, "seed")
 
@@ -47,6 +55,7 @@ def test_sigterm_checkpoint_resume(runner):
 @pytest.mark.parametrize("args,name", bad_cases([
     (["--seed", -1], "seed"), (["--env-id", "NoSuchEnv-v0"], "env-id"), (["--env-id", "Pendulum-v1"], "env-id"),
     (["--batch-size", 12], "batch-size"), (["--inference-timeout-ms", -1], "inference-timeout-ms"),
-    (["--c-bar", 0], "c-bar"), (["--network", "nature"], "network"), (["--num-buffers", 1, "--batch-size", 16], "num-buffers")]))
+    (["--c-bar", 0], "c-bar"), (["--network", "nature"], "network"), (["--num-buffers", 1, "--batch-size", 16], "num-buffers"),
+    (["--num-actors", 3, "--batch-size", 16, "--num-buffers", 3], "num-buffers")]))  # 3 would deadlock: 3 + 2 - 1 = 4
 def test_bad_arguments(runner, args, name):
     assert_bad_argument(runner.run("seed", *args), name, runner.cwd)
