@@ -533,13 +533,6 @@ def save_checkpoint(path: str, payload: dict) -> None:
     os.replace(tmp, path)
 
 
-def checkpoint_payload(agent, adam, update, global_step, wall_time_s, time_to_threshold, threshold_step,
-                       recent) -> dict:
-    return {"model": agent.state_dict(), "adam": adam, "update": update,
-            "global_step": global_step, "wall_time_s": wall_time_s, "time_to_threshold_s": time_to_threshold,
-            "threshold_step": threshold_step, "recent_returns": list(recent)}
-
-
 def available_cpus() -> int:
     """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not the machine's
     core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE)."""
@@ -598,13 +591,24 @@ def main(args: Args) -> int:
                   args.clip_obs).to(device)
     params = flatten_parameters(agent)
     adam = adam_init(params[0])
-    start_update, global_step, wall_before, time_to_threshold, threshold_step = 0, 0, 0.0, None, None
+    start_update, global_step, time_to_threshold, threshold_step = 0, 0, None, None
+    train_before, elapsed_before = 0.0, 0.0  # training time and wall time (from process starts) of earlier segments
     recent = deque(maxlen=20)
-    if args.resume and os.path.exists(ckpt_path):
-        ckpt = torch.load(ckpt_path, map_location=device, weights_only=True)
+    # Rank 0 reads the checkpoint and sends it to the others (multi-node: no shared disk needed); without one it
+    # sends its initial weights, since nodes with other math libraries could initialize other bits.
+    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True) \
+        if args.resume and rank == 0 and os.path.exists(ckpt_path) else None
+    if world > 1:
+        box = [ckpt]
+        dist.broadcast_object_list(box, 0, device=device if device.type == "cuda" else None)
+        ckpt = box[0]
+        if ckpt is None:
+            dist.broadcast(params[0], 0)
+    if ckpt is not None:
         agent.load_state_dict(ckpt["model"])
-        adam = ckpt["adam"]
-        start_update, global_step, wall_before = ckpt["update"], ckpt["global_step"], ckpt["wall_time_s"]
+        adam = {k: v.to(device) if torch.is_tensor(v) else v for k, v in ckpt["adam"].items()}
+        start_update, global_step = ckpt["update"], ckpt["global_step"]
+        train_before, elapsed_before = ckpt["train_time_s"], ckpt["elapsed_s"]
         time_to_threshold, threshold_step = ckpt["time_to_threshold_s"], ckpt["threshold_step"]
         recent.extend(ckpt["recent_returns"])
 
@@ -615,7 +619,7 @@ def main(args: Args) -> int:
             import wandb
             wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
                        config=asdict(args), name=args.run_name, id=args.run_name, resume="allow")
-        writer = SummaryWriter(run_dir)
+        writer = SummaryWriter(run_dir, purge_step=global_step if ckpt is not None else None)  # drop points after it
         writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
 
     stop = {"signal": 0}
@@ -629,25 +633,23 @@ def main(args: Args) -> int:
            "actions": torch.zeros((T, N) + act_shape, dtype=torch.float32 if agent.continuous else torch.long, device=device)}
     for k in ["logprobs", "values", "rewards", "terms", "dones", "valid"]:
         buf[k] = torch.zeros((T, N), device=device)
-    generator = torch.Generator(device=device)
-    envs, state = None, {}
-    train_start, last_print, steps_at_start = time.time(), 0.0, global_step
-    sps = 0.0
+    # Envs and the sampling generator start once, from a seed tied to (seed, rank, restart update); checkpoints
+    # leave them alone (a checkpoint must not change training). A resumed run restarts its episodes there.
+    envs = make_env(args.env_id, N, env_seed(args, rank, start_update), args.env_threads or 1)
+    generator = torch.Generator(device=device).manual_seed(env_seed(args, rank, start_update))
+    state = {"obs": torch.as_tensor(envs.reset()[0], device=device), "valid": torch.ones(N, device=device),
+             "prev_done": np.zeros(N, dtype=bool), "ep_return": np.zeros(N), "ep_length": np.zeros(N),
+             "finished": [], "ret_acc": torch.zeros(N, device=device)}
+    train_start, last_print, sps, stopped = time.time(), 0.0, 0.0, False
+
+    def checkpoint(next_update: int) -> None:  # times are whole-run: earlier segments plus this one
+        save_checkpoint(ckpt_path, {"model": agent.state_dict(), "adam": adam, "update": next_update,
+                                    "global_step": global_step, "train_time_s": train_before + time.time() - train_start,
+                                    "elapsed_s": elapsed_before + time.time() - PROCESS_START,
+                                    "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step,
+                                    "recent_returns": list(recent)})
+
     for update in range(start_update, args.num_updates):
-        # (Re)start episodes from a seed tied to (seed, rank, update) at the first update and every checkpoint
-        # boundary, so a run resumed from a checkpoint continues exactly as the uninterrupted run did.
-        if envs is None or (args.checkpoint_every and update % args.checkpoint_every == 0):
-            if rank == 0 and args.checkpoint_every and update % args.checkpoint_every == 0 and update > start_update:
-                save_checkpoint(ckpt_path, checkpoint_payload(agent, adam, update, global_step,
-                                wall_before + time.time() - train_start, time_to_threshold, threshold_step, recent))
-            if envs is not None:
-                envs.close()
-            envs = make_env(args.env_id, N, env_seed(args, rank, update), args.env_threads or 1)
-            generator.manual_seed(env_seed(args, rank, update))
-            obs, _ = envs.reset()
-            state = {"obs": torch.as_tensor(obs, device=device), "valid": torch.ones(N, device=device),
-                     "prev_done": np.zeros(N, dtype=bool), "ep_return": np.zeros(N), "ep_length": np.zeros(N),
-                     "finished": [], "ret_acc": torch.zeros(N, device=device)}
         lr = args.learning_rate * (1.0 - update / args.num_updates) if args.anneal_lr else args.learning_rate
 
         t0 = time.time()
@@ -680,10 +682,10 @@ def main(args: Args) -> int:
         for ret, _ in finished:
             recent.append(ret)
             if threshold is not None and time_to_threshold is None and len(recent) == 20 and np.mean(recent) >= threshold:
-                time_to_threshold, threshold_step = time.time() - PROCESS_START, global_step
+                time_to_threshold, threshold_step = elapsed_before + time.time() - PROCESS_START, global_step
         if rank == 0:
             now = time.time()
-            sps = (global_step - steps_at_start) / (now - train_start)
+            sps = global_step / (train_before + now - train_start)  # whole run
             for ret, length in finished:
                 writer.add_scalar("charts/episodic_return", ret, global_step)
                 writer.add_scalar("charts/episodic_length", length, global_step)
@@ -701,20 +703,23 @@ def main(args: Args) -> int:
                       f"return(last {len(recent)})={mean}", flush=True)
         if counters[3] > 0:  # SIGTERM/SIGUSR1 on some rank (SLURM preemption): save, then exit cleanly
             if rank == 0:
-                save_checkpoint(ckpt_path, checkpoint_payload(agent, adam, update + 1, global_step,
-                                wall_before + time.time() - train_start, time_to_threshold, threshold_step, recent))
+                checkpoint(update + 1)
                 print(f"signal received: checkpoint of update {update + 1} written to {ckpt_path}; "
                       "rerun with --resume to continue", flush=True)
+            stopped = True
             break
-    else:
+        if args.checkpoint_every and (update + 1) % args.checkpoint_every == 0 and rank == 0:
+            checkpoint(update + 1)
+    if not stopped:  # also after resuming a checkpoint of the last update: evaluate and write the summary
         if rank == 0:
-            wall = wall_before + time.time() - train_start
+            wall = train_before + time.time() - train_start
             video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
             eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 10**6, device, video_dir)
             for i, r in enumerate(eval_returns):
                 writer.add_scalar("eval/episodic_return", r, i)
             summary = {"algo": "ddppo", "env_id": args.env_id, "seed": args.seed, "world_size": world,
-                       "global_step": global_step, "wall_time_s": time.time() - PROCESS_START, "sps": sps,
+                       "global_step": global_step, "wall_time_s": elapsed_before + time.time() - PROCESS_START,
+                       "sps": global_step / wall,
                        "train_time_s": wall, "eval_return_mean": float(np.mean(eval_returns)),
                        "eval_return_std": float(np.std(eval_returns)),
                        "train_return_last20": float(np.mean(recent)) if recent else None,

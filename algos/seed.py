@@ -688,11 +688,13 @@ def main(args: Args) -> int:
     params = list(agent.parameters())
     opt_state = optimizer_init(params)
     global_step, wall_before, time_to_threshold, threshold_step = 0, 0.0, None, None
+    elapsed_before = 0.0  # wall time of earlier segments, each from its process start (whole-run figures)
     recent, lags = deque(maxlen=20), []
     if ckpt:
         agent.load_state_dict(ckpt["model"])
         opt_state = ckpt["optimizer"]
         global_step, wall_before = ckpt["global_step"], ckpt["wall_time_s"]
+        elapsed_before = ckpt["elapsed_s"]
         time_to_threshold, threshold_step = ckpt["time_to_threshold_s"], ckpt["threshold_step"]
         recent.extend(ckpt["recent_returns"])
 
@@ -726,7 +728,7 @@ def main(args: Args) -> int:
         import wandb
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
                    config=asdict(args), name=args.run_name, id=args.run_name, resume="allow")
-    writer = SummaryWriter(run_dir)
+    writer = SummaryWriter(run_dir, purge_step=global_step if start_update else None)  # drop points after it
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
 
     stop = {"signal": 0}
@@ -736,6 +738,7 @@ def main(args: Args) -> int:
     def checkpoint(next_update: int):
         save_checkpoint(ckpt_path, {"model": agent.state_dict(), "optimizer": opt_state, "update": next_update,
                                     "global_step": global_step, "wall_time_s": wall_before + time.time() - train_start,
+                                    "elapsed_s": elapsed_before + time.time() - PROCESS_START,
                                     "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step,
                                     "recent_returns": list(recent)})
 
@@ -755,7 +758,7 @@ def main(args: Args) -> int:
 
     sps, last_print, exit_code = 0.0, 0.0, 0
     inference_totals = {"inference_batch_mean": [], "inference_latency_ms": [], "actor_wait_ms": []}  # per update
-    train_start, steps_at_start = time.time(), global_step
+    train_start = time.time()
     try:
         for update in range(start_update, args.num_updates):
             t0 = time.time()
@@ -796,9 +799,9 @@ def main(args: Args) -> int:
             for ret, _ in finished:
                 recent.append(ret)
                 if threshold is not None and time_to_threshold is None and len(recent) == 20 and np.mean(recent) >= threshold:
-                    time_to_threshold, threshold_step = time.time() - PROCESS_START, global_step
+                    time_to_threshold, threshold_step = elapsed_before + time.time() - PROCESS_START, global_step
             now = time.time()
-            sps = (global_step - steps_at_start) / (now - train_start)
+            sps = global_step / (wall_before + now - train_start)  # whole run
             for ret, length in finished:
                 writer.add_scalar("charts/episodic_return", ret, global_step)
                 writer.add_scalar("charts/episodic_length", length, global_step)
@@ -838,7 +841,7 @@ def main(args: Args) -> int:
             import hashlib
             summary = {"algo": "seed", "env_id": args.env_id, "seed": args.seed, "world_size": world,
                        "num_actors": args.total_actors, "global_step": global_step,
-                       "wall_time_s": time.time() - PROCESS_START, "sps": sps,
+                       "wall_time_s": elapsed_before + time.time() - PROCESS_START, "sps": global_step / wall,
                        "train_time_s": wall, "eval_return_mean": float(np.mean(eval_returns)),
                        "eval_return_std": float(np.std(eval_returns)),
                        "train_return_last20": float(np.mean(recent)) if recent else None,

@@ -144,13 +144,14 @@ def test_ddppo_rollout_normalizers_and_evaluate_on_device(on_device, env_id, nor
 def test_ddppo_checkpoint_loads_onto_the_device(tmp_path):
     cpu_agent = ddppo.Agent((4,), ddppo.gym.spaces.Box(-1, 1, (2,)), True, True)  # a checkpoint of a CPU run
     adam = ddppo.adam_init(ddppo.flatten_parameters(cpu_agent)[0])
-    ddppo.save_checkpoint(str(tmp_path / "c.pt"), ddppo.checkpoint_payload(cpu_agent, adam, 1, 2, 3.0, None, None, []))
-    ckpt = torch.load(tmp_path / "c.pt", map_location=META, weights_only=True)  # as main loads it
+    ddppo.save_checkpoint(str(tmp_path / "c.pt"), {"model": cpu_agent.state_dict(), "adam": adam})
+    ckpt = torch.load(tmp_path / "c.pt", map_location="cpu", weights_only=True)  # as main loads it (rank 0)
     agent, _ = ddppo_agent(True, True)
-    with OnDevice():
-        flat, grad = ddppo.flatten_parameters(agent)  # as main: flattened on the device, then the checkpoint loaded
+    with OnDevice():  # as main: parameters flattened on the device, the CPU checkpoint copied in, Adam moved
+        flat, grad = ddppo.flatten_parameters(agent)
         agent.load_state_dict(ckpt["model"])
-        ddppo.adam_step(flat, grad, ckpt["adam"], 1e-3)
+        adam = {k: v.to(META) if torch.is_tensor(v) else v for k, v in ckpt["adam"].items()}
+        ddppo.adam_step(flat, grad, adam, 1e-3)
     assert all(v.device == META for v in agent.state_dict().values())
 
 
