@@ -406,8 +406,13 @@ def main(args: Args) -> int:
     episodes = 0  # run in this process (a resumed run counts from its restart)
     cap = args.episode_cap or max_steps
     recent = deque(maxlen=20)
-    if args.resume and os.path.exists(ckpt_path):
-        ckpt = torch.load(ckpt_path, weights_only=True)
+    # Rank 0 reads the checkpoint and sends it to the other ranks: nodes need no shared filesystem.
+    ckpt = torch.load(ckpt_path, weights_only=True) if args.resume and rank == 0 and os.path.exists(ckpt_path) else None
+    if world > 1:
+        box = [ckpt]
+        dist.broadcast_object_list(box, 0)
+        ckpt = box[0]
+    if ckpt is not None:
         theta, adam, obstat, generation = ckpt["theta"], ckpt["adam"], ckpt["obstat"], ckpt["generation"]
         global_step, wall_before, cap = ckpt["global_step"], ckpt["wall_time_s"], ckpt["cap"]
         time_to_threshold, threshold_step = ckpt["time_to_threshold_s"], ckpt["threshold_step"]

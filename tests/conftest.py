@@ -180,7 +180,8 @@ def bad_cases(cases: list) -> list:
 
 def sigterm_and_resume(runner: Runner, name: str, env_id: str, *args) -> None:
     """Run `name ARGS` to the end ("whole"); run it again with 2 spawned workers ("cut"), SIGTERM it once it has
-    started, expect exit 0 with a checkpoint and no summary, resume it with 1 worker, and expect the same result."""
+    started, expect exit 0 with a checkpoint and no summary, resume it with 2 workers (rank 0 reads the checkpoint
+    and broadcasts it), and expect the same result."""
     import signal
     check_ok(runner.run(name, *args, "--exp-name", "whole"))
     proc = runner.start(name, *args, "--exp-name", "cut", "--num-workers", 2)
@@ -190,7 +191,7 @@ def sigterm_and_resume(runner: Runner, name: str, env_id: str, *args) -> None:
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0 and "checkpoint" in out, out
     assert not (runner.run_dir(env_id, "cut") / "summary.json").exists(), "the run ended before the signal"
-    check_ok(runner.run(name, *args, "--exp-name", "cut", "--resume"))
+    check_ok(runner.run(name, *args, "--exp-name", "cut", "--resume", "--num-workers", 2))
     assert_same_result(runner.summary(env_id, "whole"), runner.summary(env_id, "cut"))
 
 
