@@ -274,8 +274,8 @@ def es_update(theta, adam: dict, noise, indices, returns: np.ndarray, args: Args
 
 
 def obs_mean_std(obstat: torch.Tensor, dim: int):
-    """Running observation statistics [sum, sum of squares, count] -> mean, std (std floored at 1e-2 as in the
-    paper's code), as float32."""
+    """Running observation statistics [sum, sum of squares, count] -> mean, std, as float32. The variance is
+    floored at 1e-4 (std >= 0.01); OpenAI's ES starter floors it at 1e-2 (see docs/es.md)."""
     mean = obstat[:dim] / obstat[-1]
     var = obstat[dim:2 * dim] / obstat[-1] - mean ** 2
     return mean.float(), var.clamp(min=1e-4).sqrt().float()
@@ -398,7 +398,7 @@ def main(args: Args) -> int:
     obs_dim = spec.observation_space.shape[0]
     policy = Policy(obs_dim, spec.action_space, args.hidden_sizes)
     dim, num_pairs = policy.num_params, args.population_size // 2
-    noise = noise_table(args.seed, args.noise_table_size)
+    noise = noise_table(args.seed + 2**32, args.noise_table_size)  # its own stream, apart from the weights' (seed)
     theta = policy.init_params(torch.Generator().manual_seed(args.seed))
     adam = adam_init(dim)
     obstat = torch.cat([torch.zeros(obs_dim), torch.full((obs_dim,), 1e-2), torch.tensor([1e-2])]).double()

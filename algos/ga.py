@@ -388,7 +388,7 @@ def main(args: Args) -> int:
     threshold, max_steps = spec.reward_threshold, spec.config.max_episode_steps
     policy = Policy(spec.observation_space.shape[0], spec.action_space, args.hidden_sizes)
     dim, N, C, E = policy.num_params, args.population_size, args.elite_candidates, args.elite_episodes
-    noise = noise_table(args.seed, args.noise_table_size)
+    noise = noise_table(args.seed + 2**32, args.noise_table_size)  # its own stream, apart from the weights' (seed)
     cap = args.episode_cap or max_steps
     # An individual is its seed list. parents / elite are all the state there is; `cache` maps the seed lists of
     # the current parents to their parameters, so that building a child is one mutation.
