@@ -462,8 +462,11 @@ def actor_loop(actor: int, args: Args, slots: dict, conn, group=None, start_upda
     slot to rank 0 and receives the actions through torch.distributed (`group`, a pair group with rank 0)."""
     if group is None:  # a local actor process: die with the learner, leave SIGTERM/SIGUSR1 to it
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
-        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
-            signal.signal(sig, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Local or remote (torchrun sends SIGTERM to every rank): the learner turns the signal into a checkpoint and
+    # then answers every actor with "stop", so an actor must not die of it first.
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
     torch.set_num_threads(1)
     N = args.num_envs
     envs = make_env(args.env_id, N, env_seed(args, actor, start_update), args.env_threads or 1)

@@ -52,6 +52,13 @@ def test_sigterm_checkpoint_resume(runner):
     assert s["global_step"] == 100000 - 100000 % 160
 
 
+def test_sigterm_under_torchrun_with_a_remote_actor_checkpoints_and_resumes(runner):
+    """torchrun passes SIGTERM to every rank: the remote actor must outlive it until the learner has written its
+    checkpoint and told it to stop; the resumed 2-rank run then finishes."""
+    s = sigterm_then_resume(runner, "seed", "CartPole-v1", "--total-timesteps", 100000, "--num-actors", 1, nproc=2)
+    assert s["global_step"] == 100000 - 100000 % 160 and s["world_size"] == 2
+
+
 @pytest.mark.parametrize("args,name", bad_cases([
     (["--seed", -1], "seed"), (["--env-id", "NoSuchEnv-v0"], "env-id"), (["--env-id", "Pendulum-v1"], "env-id"),
     (["--batch-size", 12], "batch-size"), (["--inference-timeout-ms", -1], "inference-timeout-ms"),
