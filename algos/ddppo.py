@@ -390,7 +390,7 @@ def adam_init(flat: torch.Tensor) -> dict:
 
 
 def adam_step(flat: torch.Tensor, grad: torch.Tensor, state: dict, lr: float, betas=(0.9, 0.999), eps: float = 1e-5) -> None:
-    """Adam (Kingma & Ba, 2015) on the flat vector of all gradients. Written out rather than torch.optim.Adam
+    """Adam (Kingma & Ba, 2015) on the flat vector of all gradients: torch.optim.Adam(params, lr, betas, eps=1e-5). Written out rather than torch.optim.Adam
     because constructing any torch.optim optimizer imports torch._dynamo, over a second of start-up."""
     b1, b2 = betas
     state["step"] += 1
@@ -458,6 +458,8 @@ def collect_rollout(agent, envs, state: dict, buf: dict, args: Args, generator, 
         o, r, term, trunc, info = envs.step(env_action)
         state["obs"] = torch.as_tensor(o, device=device)
         buf["rewards"][t] = torch.as_tensor(r, dtype=torch.float32, device=device)
+        # terms: the episode really ended, so step t does not bootstrap; dones: it ended or was truncated, so the
+        # GAE recursion stops there. They differ at a truncation, which bootstraps from the final observation.
         buf["terms"][t] = torch.as_tensor(term, dtype=torch.float32, device=device)
         done = term | trunc
         buf["dones"][t] = torch.as_tensor(done, dtype=torch.float32, device=device)

@@ -446,6 +446,8 @@ def main(args: Args) -> int:
             checkpoint()
         t0 = time.time()
         indices = sample_noise_indices(args.seed, generation, num_pairs, args.noise_table_size, dim)
+        # The statistics as of the start of the generation: every worker has exactly these (this generation's own
+        # observations are merged after the gather), so all members are evaluated with the same normalization.
         mean, std = obs_mean_std(obstat, obs_dim) if args.obs_norm else (torch.zeros(obs_dim), torch.ones(obs_dim))
         rows = torch.full((per_rank, 6 + 2 * obs_dim + 1), -1.0, dtype=torch.float64)  # padding rows keep PAIR -1
         if hi > lo:  # a worker may get no pair (more workers than pairs); envpool refuses an empty batch

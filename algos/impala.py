@@ -397,7 +397,8 @@ def rmsprop_step(params, grad: torch.Tensor, state: dict, lr: float, alpha: floa
 
 
 def adam_step(params, grad: torch.Tensor, state: dict, lr: float, betas=(0.9, 0.999), eps: float = 1e-5) -> None:
-    """Adam (Kingma & Ba, 2015) on the flat gradient vector, in torch.optim.Adam's order of operations."""
+    """Adam (Kingma & Ba, 2015) on the flat gradient vector, in torch.optim.Adam's order of operations:
+    equals torch.optim.Adam(params, lr, betas, eps).step() (tested bitwise)."""
     b1, b2 = betas
     state["step"] += 1
     state["m"].lerp_(grad, 1 - b1)
@@ -549,7 +550,7 @@ def actor_loop(actor: int, args: Args, spec, buffers: dict, store: ParameterStor
             buffers["terms"][k, t] = torch.as_tensor(term)
             buffers["dones"][k, t] = torch.as_tensor(done)
             obs, valid = torch.as_tensor(o), torch.as_tensor(~done, dtype=torch.float32)
-        buffers["obs"][k, T] = obs
+        buffers["obs"][k, T] = obs  # x_T bootstraps this unroll and is also x_0 of this actor's next one
         buffers["meta"][k] = torch.tensor([loaded, actor, sequence])
         full_q.put(k)
         sequence += 1

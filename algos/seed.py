@@ -402,7 +402,8 @@ def rmsprop_step(params, grad: torch.Tensor, state: dict, lr: float, alpha: floa
 
 
 def adam_step(params, grad: torch.Tensor, state: dict, lr: float, betas=(0.9, 0.999), eps: float = 1e-5) -> None:
-    """Adam (Kingma & Ba, 2015) on the flat gradient vector, in torch.optim.Adam's order of operations."""
+    """Adam (Kingma & Ba, 2015) on the flat gradient vector, in torch.optim.Adam's order of operations:
+    equals torch.optim.Adam(params, lr, betas, eps).step() (tested bitwise)."""
     b1, b2 = betas
     state["step"] += 1
     state["m"].lerp_(grad, 1 - b1)
