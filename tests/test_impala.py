@@ -152,25 +152,32 @@ def test_loss_gradient_signs():
     assert after > before
 
 
+def actor_harness(args, num_buffers: int, free: int, actors: int):
+    """Real actor processes over shared buffers, as main sets them up: `free` buffers start free; version 0
+    published. Returns (agent, buffers, store, free_q, full_q, processes)."""
+    args.unrolls_per_batch = args.batch_size // args.num_envs
+    spec = impala.envpool.make_spec(args.env_id)
+    agent = impala.Agent(spec.observation_space.shape, spec.action_space.n)
+    buffers = impala.shared_buffers(args, spec, num_buffers, 0)
+    store = impala.ParameterStore(sum(p.numel() for p in agent.parameters()))
+    store.publish(impala.flat_params(agent), 0)
+    ctx = mp.get_context("fork")
+    free_q, full_q = ctx.Queue(maxsize=num_buffers), ctx.Queue(maxsize=num_buffers)
+    for k in range(free):
+        free_q.put(k)
+    procs = [ctx.Process(target=impala.actor_loop, args=(i, args, spec, buffers, store, free_q, full_q, 0), daemon=True)
+             for i in range(actors)]
+    for p in procs:
+        p.start()
+    return agent, buffers, store, free_q, full_q, procs
+
+
 def test_shared_memory_handover_exactly_once_and_bounded():
     """Two real actor processes fill 6 shared buffers; the consumer checks that every actor's unrolls arrive once
     each and in sequence, that x_T of one unroll is x_0 of the next (no buffer was overwritten while in use), and
     that the queues never hold more indices than there are buffers."""
     args = impala.Args(num_envs=4, unroll_length=5, batch_size=8, num_actors=2)
-    args.unrolls_per_batch = 2
-    spec = impala.envpool.make_spec(args.env_id)
-    agent = impala.Agent(spec.observation_space.shape, spec.action_space.n)
-    buffers = impala.shared_buffers(args, spec, 6, 0)
-    store = impala.ParameterStore(sum(p.numel() for p in agent.parameters()))
-    store.publish(impala.flat_params(agent), 0)
-    ctx = mp.get_context("fork")
-    free_q, full_q = ctx.Queue(maxsize=6), ctx.Queue(maxsize=6)
-    for k in range(6):
-        free_q.put(k)
-    actors = [ctx.Process(target=impala.actor_loop, args=(i, args, spec, buffers, store, free_q, full_q, 0), daemon=True)
-              for i in range(2)]
-    for p in actors:
-        p.start()
+    _, buffers, _, free_q, full_q, actors = actor_harness(args, 6, free=6, actors=2)
     try:
         seen, last_obs = {0: [], 1: []}, {}
         for _ in range(60):
@@ -198,17 +205,7 @@ def test_actor_fetches_parameters_after_waiting_for_a_buffer():
     """Default mode: an actor held up by backpressure (no free buffer) must start its next unroll with the
     parameters published while it waited, not with those it had before."""
     args = impala.Args(num_envs=2, unroll_length=3, batch_size=2, num_actors=1)
-    args.unrolls_per_batch = 1
-    spec = impala.envpool.make_spec(args.env_id)
-    agent = impala.Agent(spec.observation_space.shape, spec.action_space.n)
-    buffers = impala.shared_buffers(args, spec, 2, 0)
-    store = impala.ParameterStore(sum(p.numel() for p in agent.parameters()))
-    store.publish(impala.flat_params(agent), 0)
-    ctx = mp.get_context("fork")
-    free_q, full_q = ctx.Queue(maxsize=2), ctx.Queue(maxsize=2)
-    free_q.put(0)
-    actor = ctx.Process(target=impala.actor_loop, args=(0, args, spec, buffers, store, free_q, full_q, 0), daemon=True)
-    actor.start()
+    agent, buffers, store, free_q, full_q, (actor,) = actor_harness(args, 2, free=1, actors=1)
     try:
         first = full_q.get(timeout=30)
         assert buffers["meta"][first][0] == 0
