@@ -435,6 +435,20 @@ def ppo_update(agent, params: tuple, adam: dict, batch: dict, args: Args, lr: fl
 
 
 # ----------------------------------------------------------------------------------------------- roles
+def track_episodes(state: dict, r, term, trunc, info) -> None:
+    """Episode statistics: returns and lengths of the episodes that ended at this step go to state["finished"].
+    The step after an episode end only resets the env (reward 0): it is not counted (and learning masks it out
+    through `valid`). Atari: raw rewards and the real game over, not the clipped, per-life ones."""
+    live = ~state["prev_done"]
+    state["ep_return"] += info.get("reward", r) * live
+    state["ep_length"] += live
+    ended = (info["terminated"].astype(bool) | trunc) if "terminated" in info else (term | trunc)
+    if ended.any():
+        state["finished"].extend(zip(state["ep_return"][ended].tolist(), state["ep_length"][ended].tolist()))
+        state["ep_return"][ended] = 0.0
+        state["ep_length"][ended] = 0
+
+
 def collect_rollout(agent, envs, state: dict, buf: dict, args: Args, generator, store, update: int, device):
     """Step the envs for up to num_steps; stop early once enough ranks have finished (DD-PPO preemption).
     Returns the number of steps collected."""
@@ -463,16 +477,7 @@ def collect_rollout(agent, envs, state: dict, buf: dict, args: Args, generator, 
         buf["terms"][t] = torch.as_tensor(term, dtype=torch.float32, device=device)
         done = term | trunc
         buf["dones"][t] = torch.as_tensor(done, dtype=torch.float32, device=device)
-        # Episode statistics. The step after an episode end only resets the env (reward 0): it is not counted,
-        # and it is masked out of learning through `valid`. Atari: raw rewards and real game over.
-        live = ~state["prev_done"]
-        state["ep_return"] += info.get("reward", r) * live
-        state["ep_length"] += live
-        ended = (info["terminated"].astype(bool) | trunc) if "terminated" in info else done
-        if ended.any():
-            state["finished"].extend(zip(state["ep_return"][ended].tolist(), state["ep_length"][ended].tolist()))
-            state["ep_return"][ended] = 0.0
-            state["ep_length"][ended] = 0
+        track_episodes(state, r, term, trunc, info)
         state["prev_done"] = done
         state["valid"] = torch.as_tensor(~done, dtype=torch.float32, device=device)
     if store is not None and steps == args.num_steps:
@@ -678,9 +683,10 @@ def main(args: Args) -> int:
         finished, state["finished"] = state["finished"], []
         if store is not None and rank == 0 and update > 0:
             store.delete_key(f"ddppo/finished/{update - 1}")
-        counters = global_sum([float(steps * N), float(steps < T), steps / T, float(stop["signal"] != 0),
-                               rollout_time, learn_time], device, world).tolist()
-        global_step += int(counters[0])
+        totals = dict(zip(["steps", "preempted", "rollout_frac", "stop", "rollout_time", "learn_time"], global_sum(
+            [steps * N, float(steps < T), steps / T, float(stop["signal"] != 0), rollout_time, learn_time],
+            device, world).tolist()))  # sums over ranks
+        global_step += int(totals["steps"])
         for ret, _ in finished:
             recent.append(ret)
             if threshold is not None and time_to_threshold is None and len(recent) == 20 and np.mean(recent) >= threshold:
@@ -694,8 +700,9 @@ def main(args: Args) -> int:
             scalars = {"charts/learning_rate": lr, "charts/SPS": sps}
             scalars.update(zip(["losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl",
                                 "losses/clipfrac"], losses.tolist()))
-            scalars.update(zip(["stats/preempted_ranks_frac", "stats/rollout_frac", "stats/rollout_time_s",
-                                "stats/learn_time_s"], [counters[i] / world for i in (1, 2, 4, 5)]))
+            scalars.update({f"stats/{name}": totals[key] / world for name, key in [  # means over ranks
+                ("preempted_ranks_frac", "preempted"), ("rollout_frac", "rollout_frac"),
+                ("rollout_time_s", "rollout_time"), ("learn_time_s", "learn_time")]})
             for key, value in scalars.items():
                 writer.add_scalar(key, value, global_step)
             if now - last_print > 2.0 or update == args.num_updates - 1:
@@ -703,7 +710,7 @@ def main(args: Args) -> int:
                 mean = f"{np.mean(recent):.1f}" if recent else "n/a"
                 print(f"update {update + 1}/{args.num_updates} global_step={global_step} SPS={sps:.0f} "
                       f"return(last {len(recent)})={mean}", flush=True)
-        if counters[3] > 0:  # SIGTERM/SIGUSR1 on some rank (SLURM preemption): save, then exit cleanly
+        if totals["stop"] > 0:  # SIGTERM/SIGUSR1 on some rank (SLURM preemption): save, then exit cleanly
             if rank == 0:
                 checkpoint(update + 1)
                 print(f"signal received: checkpoint of update {update + 1} written to {ckpt_path}; "
