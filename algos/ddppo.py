@@ -390,8 +390,9 @@ def adam_init(flat: torch.Tensor) -> dict:
 
 
 def adam_step(flat: torch.Tensor, grad: torch.Tensor, state: dict, lr: float, betas=(0.9, 0.999), eps: float = 1e-5) -> None:
-    """Adam (Kingma & Ba, 2015) on the flat vector of all gradients: torch.optim.Adam(params, lr, betas, eps=1e-5). Written out rather than torch.optim.Adam
-    because constructing any torch.optim optimizer imports torch._dynamo, over a second of start-up."""
+    """Adam (Kingma & Ba, 2015) on the flat vector of all gradients; equals torch.optim.Adam(params, lr, betas,
+    eps=1e-5).step(). Written out because constructing any torch.optim optimizer imports torch._dynamo, over a
+    second of start-up."""
     b1, b2 = betas
     state["step"] += 1
     state["m"].lerp_(grad, 1 - b1)  # m <- b1 m + (1 - b1) g
@@ -615,7 +616,8 @@ def main(args: Args) -> int:
         agent.load_state_dict(ckpt["model"])
         adam = {k: v.to(device) if torch.is_tensor(v) else v for k, v in ckpt["adam"].items()}
         start_update, global_step = ckpt["update"], ckpt["global_step"]
-        train_before, elapsed_before = ckpt["train_time_s"], ckpt["elapsed_s"]
+        # .get: checkpoints written before whole-run times (they named the training time wall_time_s)
+        train_before, elapsed_before = ckpt.get("train_time_s", ckpt.get("wall_time_s", 0.0)), ckpt.get("elapsed_s", 0.0)
         time_to_threshold, threshold_step = ckpt["time_to_threshold_s"], ckpt["threshold_step"]
         recent.extend(ckpt["recent_returns"])
 

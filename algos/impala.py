@@ -686,7 +686,7 @@ def main(args: Args) -> int:
         agent.load_state_dict(ckpt["model"])
         opt_state = ckpt["optimizer"]
         start_update, global_step, wall_before = ckpt["update"], ckpt["global_step"], ckpt["wall_time_s"]
-        elapsed_before = ckpt["elapsed_s"]
+        elapsed_before = ckpt.get("elapsed_s", 0.0)  # absent from checkpoints written before whole-run times
         time_to_threshold, threshold_step = ckpt["time_to_threshold_s"], ckpt["threshold_step"]
         recent.extend(ckpt["recent_returns"])
 

@@ -3,6 +3,7 @@ import math
 import os
 import shutil
 import signal
+import subprocess
 import time
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import (SUMMARY_KEYS, assert_bad_argument, assert_same_result, assert_solves, bad_cases, check_ok, free_port,
+from conftest import (SUMMARY_KEYS, algo_command, child_env, assert_bad_argument, assert_same_result, assert_solves, bad_cases, check_ok, free_port,
                       kill_one_worker, load_algo, wait_for)
 
 ddppo = load_algo("ddppo")
@@ -407,13 +408,16 @@ def test_smoke_torchrun_two_ranks(runner):
 
 
 def test_preemption_cuts_ranks_end_to_end(runner):
-    """3 ranks on this machine's cores with a quorum of one (ceil(0.3 x 3) = 1): once the first rank has finished
-    its rollout the others stop at their next step past the minimum, so ranks are really cut (with 2 ranks and
-    the default 0.6 the quorum is both ranks and nothing is ever preempted). The logged fractions show it, and the
-    run still ends normally with all ranks in step."""
+    """3 ranks pinned to one CPU (so they take turns on it, on any machine) with a quorum of one
+    (ceil(0.3 x 3) = 1): once the first rank has finished its rollout the others stop at their next step past the
+    minimum, so ranks are really cut (with 2 ranks and the default 0.6 the quorum is both ranks and nothing is
+    ever preempted). The logged fractions show it, and the run still ends normally with all ranks in step."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    check_ok(runner.run("ddppo", "--total-timesteps", 3 * 8 * 64 * 20, "--local-num-envs", 8, "--num-steps", 64,
-                        "--sync-frac", 0.3, "--eval-episodes", 1, nproc=3))
+    args = ["--total-timesteps", 3 * 8 * 64 * 20, "--local-num-envs", 8, "--num-steps", 64, "--sync-frac", 0.3,
+            "--eval-episodes", 1]
+    cpu = str(min(os.sched_getaffinity(0)))
+    check_ok(subprocess.run(["taskset", "-c", cpu, *algo_command("ddppo", args, nproc=3)], cwd=runner.cwd,
+                            env=child_env(), capture_output=True, text=True, timeout=300))
     assert runner.summary(ENV, "ddppo")["world_size"] == 3
     events = EventAccumulator(str(runner.run_dir(ENV, "ddppo")), size_guidance={"scalars": 0})
     events.Reload()
