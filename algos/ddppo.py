@@ -26,11 +26,9 @@ from typing import Optional
 def process_start_time() -> float:
     """Wall-clock time at which this process started (Linux /proc), so start-up and imports are counted."""
     try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        return time.time() - uptime + start_ticks / os.sysconf("SC_CLK_TCK")
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            ticks, up = int(stat.read().rsplit(")", 1)[1].split()[19]), float(uptime.read().split()[0])
+        return time.time() - up + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return time.time()
 
@@ -54,82 +52,47 @@ import tyro  # noqa: E402
 @dataclass
 class Args:
     # --- common to every distrl file ---
-    exp_name: str = "ddppo"
-    """the name of this experiment (part of the run name)"""
-    seed: int = 1
-    """seed of the experiment"""
-    torch_deterministic: bool = True
-    """deterministic CUDA kernels (`torch.use_deterministic_algorithms`); CPU runs are deterministic anyway"""
-    cuda: bool = True
-    """use CUDA when it is available"""
-    track: bool = False
-    """log to Weights & Biases as well as TensorBoard"""
-    wandb_project_name: str = "distrl"
-    """the wandb project name"""
-    wandb_entity: Optional[str] = None
-    """the wandb entity (team)"""
-    capture_video: bool = False
-    """save the frames of the first evaluation episode (Atari) to runs/<run_name>/videos/eval_episode0.npz"""
-    save_model: bool = False
-    """write the final weights (state_dict) to runs/<run_name>/model.pt"""
-    env_id: str = "CartPole-v1"
-    """the envpool environment id"""
-    total_timesteps: int = 100_000
-    """total environment steps over all ranks"""
-    eval_episodes: int = 10
-    """episodes of the final, greedy policy to evaluate at the end"""
+    exp_name: str = "ddppo"  # the name of this experiment (part of the run name)
+    seed: int = 1  # seed of the experiment
+    torch_deterministic: bool = True  # deterministic CUDA kernels (the CPU kernels used here are anyway)
+    cuda: bool = True  # use CUDA when it is available
+    track: bool = False  # log to Weights & Biases as well as TensorBoard
+    wandb_project_name: str = "distrl"  # the wandb project name
+    wandb_entity: Optional[str] = None  # the wandb entity (team)
+    capture_video: bool = False  # save the first evaluation episode's frames (Atari) to runs/<run_name>/videos/
+    save_model: bool = False  # write the final weights (state_dict) to runs/<run_name>/model.pt
+    env_id: str = "CartPole-v1"  # the envpool environment id
+    total_timesteps: int = 100_000  # total environment steps over all ranks
+    eval_episodes: int = 10  # episodes of the final, greedy policy to evaluate at the end
     # --- algorithm ---
-    learning_rate: float = 2.5e-3
-    """Adam's learning rate"""
-    anneal_lr: bool = True
-    """anneal the learning rate linearly to zero"""
-    local_num_envs: int = 16
-    """environments stepped by each rank"""
-    num_steps: int = 16
-    """rollout length per environment and update"""
-    gamma: float = 0.98
-    """discount factor"""
-    gae_lambda: float = 0.8
-    """lambda of generalized advantage estimation"""
-    num_minibatches: int = 1
-    """minibatches per epoch; fixed, so every rank all-reduces equally often even after preemption"""
-    update_epochs: int = 10
-    """epochs over each rollout"""
-    norm_adv: bool = True
-    """normalize advantages once per update, with their mean and std over all ranks (as habitat-lab's DD-PPO)"""
-    clip_coef: float = 0.2
-    """PPO's surrogate clipping coefficient"""
-    clip_vloss: bool = False
-    """clip the value loss as in PPO2"""
-    ent_coef: float = 0.0
-    """entropy bonus coefficient"""
-    vf_coef: float = 0.5
-    """value loss coefficient"""
-    max_grad_norm: float = 0.5
-    """global gradient-norm clip, applied after the all-reduce"""
+    learning_rate: float = 2.5e-3  # Adam's learning rate
+    anneal_lr: bool = True  # anneal the learning rate linearly to zero
+    local_num_envs: int = 16  # environments stepped by each rank
+    num_steps: int = 16  # rollout length per environment and update
+    gamma: float = 0.98  # discount factor
+    gae_lambda: float = 0.8  # lambda of generalized advantage estimation
+    num_minibatches: int = 1  # minibatches per epoch; a fixed count, so all ranks all-reduce equally often
+    update_epochs: int = 10  # epochs over each rollout
+    norm_adv: bool = True  # normalize advantages once per update over all ranks (as habitat-lab)
+    clip_coef: float = 0.2  # PPO's surrogate clipping coefficient
+    clip_vloss: bool = False  # clip the value loss as in PPO2
+    ent_coef: float = 0.0  # entropy bonus coefficient
+    vf_coef: float = 0.5  # value loss coefficient
+    max_grad_norm: float = 0.5  # global gradient-norm clip, applied after the all-reduce
+    # normalize observations by their running mean/std over all ranks (default: on for Box actions)
     norm_obs: tyro.conf.DisallowNone[Optional[bool]] = None
-    """normalize observations by their running mean/std over all ranks (default: on for Box actions, else off)"""
+    # divide rewards by the running std of the discounted return (default: on for Box actions)
     norm_reward: tyro.conf.DisallowNone[Optional[bool]] = None
-    """divide rewards by the running std of the discounted return (default: on for Box actions, else off)"""
-    clip_obs: float = 10.0
-    """normalized observations are clipped to [-clip_obs, clip_obs]"""
-    clip_reward: float = 10.0
-    """scaled rewards are clipped to [-clip_reward, clip_reward]"""
-    torch_threads: int = 0
-    """torch threads per rank (0: the CPUs this process may use, divided among the ranks on this node)"""
-    env_threads: int = 0
-    """envpool worker threads per rank (0: 1)"""
+    clip_obs: float = 10.0  # normalized observations are clipped to [-clip_obs, clip_obs]
+    clip_reward: float = 10.0  # scaled rewards are clipped to [-clip_reward, clip_reward]
+    torch_threads: int = 0  # torch threads per rank (0: this process's CPUs divided among the node's ranks)
+    env_threads: int = 0  # envpool worker threads per rank (0: 1)
     # --- distributed ---
-    preempt: bool = True
-    """preempt stragglers once sync_frac of the ranks finished their rollout"""
-    sync_frac: float = 0.6
-    """fraction of ranks that must finish before the rest are preempted (paper: 0.6)"""
-    min_rollout_frac: float = 0.25
-    """a preempted rank keeps at least this fraction of num_steps (paper: 0.25)"""
-    checkpoint_every: int = 0
-    """write runs/<run_name>/checkpoint.pt every this many updates (0: only on SIGTERM/SIGUSR1)"""
-    resume: bool = False
-    """continue from runs/<run_name>/checkpoint.pt when it exists"""
+    preempt: bool = True  # preempt stragglers once sync_frac of the ranks finished their rollout
+    sync_frac: float = 0.6  # fraction of ranks that must finish before the rest are preempted (paper: 0.6)
+    min_rollout_frac: float = 0.25  # a preempted rank keeps at least this fraction of num_steps (paper: 0.25)
+    checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many updates (0: on signals only)
+    resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
@@ -255,37 +218,24 @@ class Agent(nn.Module):
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(self.features(obs)).squeeze(-1)
 
-    def act(self, obs, generator=None, greedy: bool = False):
-        """Rollout: sample an action (or take the mode when greedy); returns action, log-prob, value."""
+    def get_action_and_value(self, obs, action=None, generator=None, greedy: bool = False):
+        """Log-prob and entropy of `action` under the current policy (or of an action sampled here, the mode when
+        greedy), and the value. Returns action, log-prob, entropy, value."""
         h = self.features(obs)
         out = self.actor(h)
         if self.continuous:
             std = self.actor_logstd.exp()
-            action = out if greedy else out + std * torch.randn(out.shape, generator=generator, device=out.device)
-            logprob = self.gaussian_logprob(out, std, action)
-        else:
-            logp_all = torch.log_softmax(out, dim=-1)
-            action = out.argmax(-1) if greedy else torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
-            logprob = logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1)
-        return action, logprob, self.critic(h).squeeze(-1)
-
-    def evaluate_actions(self, obs, action):
-        """Learning: log-prob and entropy of the given actions under the current policy, and the value."""
-        h = self.features(obs)
-        out = self.actor(h)
-        if self.continuous:
-            std = self.actor_logstd.exp()
-            logprob = self.gaussian_logprob(out, std, action)
+            if action is None:
+                action = out if greedy else out + std * torch.randn(out.shape, generator=generator, device=out.device)
+            logprob = (-0.5 * ((action - out) / std) ** 2 - std.log() - 0.5 * math.log(2 * math.pi)).sum(-1)
             entropy = (0.5 + 0.5 * math.log(2 * math.pi) + self.actor_logstd).sum().expand(out.shape[0])
         else:
             logp_all = torch.log_softmax(out, dim=-1)
+            if action is None:
+                action = out.argmax(-1) if greedy else torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
             logprob = logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1)
             entropy = -(logp_all.exp() * logp_all).sum(-1)
-        return logprob, entropy, self.critic(h).squeeze(-1)
-
-    @staticmethod
-    def gaussian_logprob(mean, std, action):
-        return (-0.5 * ((action - mean) / std) ** 2 - std.log() - 0.5 * math.log(2 * math.pi)).sum(-1)
+        return action, logprob, entropy, self.critic(h).squeeze(-1)
 
 
 # ----------------------------------------------------------------------------------------------- algorithm
@@ -351,7 +301,7 @@ def normalized_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
 def ppo_loss(agent: Agent, mb: dict, args: Args, with_stats: bool = True):
     """PPO's clipped surrogate, (clipped) value loss and entropy bonus for one minibatch; with_stats: also the
     diagnostics (losses, approximate KL, clip fraction)."""
-    newlogprob, entropy, newvalue = agent.evaluate_actions(mb["obs"], mb["actions"])
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
     adv = mb["advantages"]
@@ -465,7 +415,7 @@ def collect_rollout(agent, envs, state: dict, buf: dict, args: Args, generator, 
         buf["obs"][t] = obs
         buf["valid"][t] = state["valid"]
         with torch.no_grad():
-            action, logprob, value = agent.act(obs, generator=generator)
+            action, logprob, _, value = agent.get_action_and_value(obs, generator=generator)
         buf["actions"][t], buf["logprobs"][t], buf["values"][t] = action, logprob, value
         env_action = action.cpu().numpy()
         if agent.continuous:
@@ -519,7 +469,7 @@ def evaluate(agent, env_id: str, episodes: int, seed: int, device, video_dir: Op
     frames = []
     while not done.all():
         with torch.no_grad():
-            action = agent.act(torch.as_tensor(obs, device=device), greedy=True)[0].cpu().numpy()
+            action = agent.get_action_and_value(torch.as_tensor(obs, device=device), greedy=True)[0].cpu().numpy()
         if agent.continuous:
             action = np.clip(action, envs.action_space.low, envs.action_space.high)
         obs, r, term, trunc, info = envs.step(action)
@@ -570,6 +520,69 @@ def setup_distributed(args: Args):
     return device, store
 
 
+def restore(args: Args, agent, params: tuple, device, ckpt_path: str) -> dict:
+    """Rank 0 reads the checkpoint (with --resume) and sends it to the others, so no shared disk is needed; without
+    one it sends its initial weights, since nodes with other math libraries could initialize other bits.
+    Returns the run's progress: update, global_step, earlier segments' times, threshold, recent returns."""
+    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True) \
+        if args.resume and args.rank == 0 and os.path.exists(ckpt_path) else None
+    if args.world_size > 1:
+        box = [ckpt]
+        dist.broadcast_object_list(box, 0, device=device if device.type == "cuda" else None)
+        ckpt = box[0]
+        if ckpt is None:
+            dist.broadcast(params[0], 0)
+    progress = {"update": 0, "global_step": 0, "train_time_s": 0.0, "elapsed_s": 0.0, "time_to_threshold_s": None,
+                "threshold_step": None, "recent_returns": deque(maxlen=20), "resumed": ckpt is not None}
+    if ckpt is not None:
+        agent.load_state_dict(ckpt["model"])
+        progress["adam"] = {k: v.to(device) if torch.is_tensor(v) else v for k, v in ckpt["adam"].items()}
+        # .get: checkpoints written before whole-run times named the training time wall_time_s
+        ckpt.setdefault("train_time_s", ckpt.get("wall_time_s", 0.0))
+        progress.update({k: ckpt.get(k, 0.0) for k in ["update", "global_step", "train_time_s", "elapsed_s",
+                                                       "time_to_threshold_s", "threshold_step"]})
+        progress["recent_returns"].extend(ckpt["recent_returns"])
+    return progress
+
+
+def log_update(writer, progress: dict, finished: list, losses, totals: dict, lr: float, sps: float, world: int):
+    """Rank 0's TensorBoard points for one update: finished episodes, losses, and per-rank means of the totals."""
+    step = progress["global_step"]
+    for ret, length in finished:
+        writer.add_scalar("charts/episodic_return", ret, step)
+        writer.add_scalar("charts/episodic_length", length, step)
+    scalars = {"charts/learning_rate": lr, "charts/SPS": sps}
+    scalars.update(zip(["losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl",
+                        "losses/clipfrac"], losses.tolist()))
+    scalars.update({f"stats/{name}": totals[key] / world for name, key in [  # means over ranks
+        ("preempted_ranks_frac", "preempted"), ("rollout_frac", "rollout_frac"),
+        ("rollout_time_s", "rollout_time"), ("learn_time_s", "learn_time")]})
+    for key, value in scalars.items():
+        writer.add_scalar(key, value, step)
+
+
+def write_summary(args: Args, agent, writer, progress: dict, train_time: float, threshold, device, run_dir: str):
+    """Rank 0 at the end: evaluate the greedy policy, write summary.json (whole-run times) and the model."""
+    video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
+    eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 10**6, device, video_dir)
+    for i, r in enumerate(eval_returns):
+        writer.add_scalar("eval/episodic_return", r, i)
+    recent, step = progress["recent_returns"], progress["global_step"]
+    summary = {"algo": "ddppo", "env_id": args.env_id, "seed": args.seed, "world_size": args.world_size,
+               "global_step": step, "wall_time_s": progress["elapsed_s"] + time.time() - PROCESS_START,
+               "sps": step / train_time, "train_time_s": train_time,
+               "eval_return_mean": float(np.mean(eval_returns)), "eval_return_std": float(np.std(eval_returns)),
+               "train_return_last20": float(np.mean(recent)) if recent else None,
+               "time_to_threshold_s": progress["time_to_threshold_s"], "threshold_step": progress["threshold_step"],
+               "reward_threshold": threshold}
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    if args.save_model:
+        save_checkpoint(os.path.join(run_dir, "model.pt"), {k: v.cpu() for k, v in agent.state_dict().items()})
+    print(f"eval return {summary['eval_return_mean']:.1f} +- {summary['eval_return_std']:.1f}; time to threshold: "
+          f"{summary['time_to_threshold_s']}; summary in {run_dir}/summary.json", flush=True)
+
+
 def main(args: Args) -> int:
     warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")  # envpool's spaces
     validate(args)
@@ -598,28 +611,9 @@ def main(args: Args) -> int:
     agent = Agent(spec.observation_space.shape, spec.action_space, args.norm_obs, args.norm_reward,
                   args.clip_obs).to(device)
     params = flatten_parameters(agent)
-    adam = adam_init(params[0])
-    start_update, global_step, time_to_threshold, threshold_step = 0, 0, None, None
-    train_before, elapsed_before = 0.0, 0.0  # training time and wall time (from process starts) of earlier segments
-    recent = deque(maxlen=20)
-    # Rank 0 reads the checkpoint and sends it to the others (multi-node: no shared disk needed); without one it
-    # sends its initial weights, since nodes with other math libraries could initialize other bits.
-    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True) \
-        if args.resume and rank == 0 and os.path.exists(ckpt_path) else None
-    if world > 1:
-        box = [ckpt]
-        dist.broadcast_object_list(box, 0, device=device if device.type == "cuda" else None)
-        ckpt = box[0]
-        if ckpt is None:
-            dist.broadcast(params[0], 0)
-    if ckpt is not None:
-        agent.load_state_dict(ckpt["model"])
-        adam = {k: v.to(device) if torch.is_tensor(v) else v for k, v in ckpt["adam"].items()}
-        start_update, global_step = ckpt["update"], ckpt["global_step"]
-        # .get: checkpoints written before whole-run times (they named the training time wall_time_s)
-        train_before, elapsed_before = ckpt.get("train_time_s", ckpt.get("wall_time_s", 0.0)), ckpt.get("elapsed_s", 0.0)
-        time_to_threshold, threshold_step = ckpt["time_to_threshold_s"], ckpt["threshold_step"]
-        recent.extend(ckpt["recent_returns"])
+    progress = restore(args, agent, params, device, ckpt_path)
+    adam = progress.pop("adam", None) or adam_init(params[0])
+    recent, start_update = progress["recent_returns"], progress["update"]
 
     writer = None
     if rank == 0:
@@ -628,7 +622,8 @@ def main(args: Args) -> int:
             import wandb
             wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
                        config=asdict(args), name=args.run_name, id=args.run_name, resume="allow")
-        writer = SummaryWriter(run_dir, purge_step=global_step if ckpt is not None else None)  # drop points after it
+        purge = progress["global_step"] if progress["resumed"] else None  # a resume drops the points after it
+        writer = SummaryWriter(run_dir, purge_step=purge)
         writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
 
     stop = {"signal": 0}
@@ -649,14 +644,15 @@ def main(args: Args) -> int:
     state = {"obs": torch.as_tensor(envs.reset()[0], device=device), "valid": torch.ones(N, device=device),
              "prev_done": np.zeros(N, dtype=bool), "ep_return": np.zeros(N), "ep_length": np.zeros(N),
              "finished": [], "ret_acc": torch.zeros(N, device=device)}
-    train_start, last_print, sps, stopped = time.time(), 0.0, 0.0, False
+    train_start, last_print, stopped = time.time(), 0.0, False
 
-    def checkpoint(next_update: int) -> None:  # times are whole-run: earlier segments plus this one
-        save_checkpoint(ckpt_path, {"model": agent.state_dict(), "adam": adam, "update": next_update,
-                                    "global_step": global_step, "train_time_s": train_before + time.time() - train_start,
-                                    "elapsed_s": elapsed_before + time.time() - PROCESS_START,
-                                    "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step,
-                                    "recent_returns": list(recent)})
+    def train_time() -> float:  # whole run: earlier segments plus this one
+        return progress["train_time_s"] + time.time() - train_start
+
+    def checkpoint(next_update: int) -> None:
+        save_checkpoint(ckpt_path, {**progress, "model": agent.state_dict(), "adam": adam, "update": next_update,
+                                    "train_time_s": train_time(), "recent_returns": list(recent),
+                                    "elapsed_s": progress["elapsed_s"] + time.time() - PROCESS_START})
 
     for update in range(start_update, args.num_updates):
         lr = args.learning_rate * (1.0 - update / args.num_updates) if args.anneal_lr else args.learning_rate
@@ -688,29 +684,20 @@ def main(args: Args) -> int:
         totals = dict(zip(["steps", "preempted", "rollout_frac", "stop", "rollout_time", "learn_time"], global_sum(
             [steps * N, float(steps < T), steps / T, float(stop["signal"] != 0), rollout_time, learn_time],
             device, world).tolist()))  # sums over ranks
-        global_step += int(totals["steps"])
+        progress["global_step"] += int(totals["steps"])
         for ret, _ in finished:
             recent.append(ret)
-            if threshold is not None and time_to_threshold is None and len(recent) == 20 and np.mean(recent) >= threshold:
-                time_to_threshold, threshold_step = elapsed_before + time.time() - PROCESS_START, global_step
+            if threshold is not None and progress["time_to_threshold_s"] is None and len(recent) == 20 \
+                    and np.mean(recent) >= threshold:
+                progress["time_to_threshold_s"] = progress["elapsed_s"] + time.time() - PROCESS_START
+                progress["threshold_step"] = progress["global_step"]
         if rank == 0:
-            now = time.time()
-            sps = global_step / (train_before + now - train_start)  # whole run
-            for ret, length in finished:
-                writer.add_scalar("charts/episodic_return", ret, global_step)
-                writer.add_scalar("charts/episodic_length", length, global_step)
-            scalars = {"charts/learning_rate": lr, "charts/SPS": sps}
-            scalars.update(zip(["losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl",
-                                "losses/clipfrac"], losses.tolist()))
-            scalars.update({f"stats/{name}": totals[key] / world for name, key in [  # means over ranks
-                ("preempted_ranks_frac", "preempted"), ("rollout_frac", "rollout_frac"),
-                ("rollout_time_s", "rollout_time"), ("learn_time_s", "learn_time")]})
-            for key, value in scalars.items():
-                writer.add_scalar(key, value, global_step)
-            if now - last_print > 2.0 or update == args.num_updates - 1:
-                last_print = now
+            sps = progress["global_step"] / train_time()
+            log_update(writer, progress, finished, losses, totals, lr, sps, world)
+            if time.time() - last_print > 2.0 or update == args.num_updates - 1:
+                last_print = time.time()
                 mean = f"{np.mean(recent):.1f}" if recent else "n/a"
-                print(f"update {update + 1}/{args.num_updates} global_step={global_step} SPS={sps:.0f} "
+                print(f"update {update + 1}/{args.num_updates} global_step={progress['global_step']} SPS={sps:.0f} "
                       f"return(last {len(recent)})={mean}", flush=True)
         if totals["stop"] > 0:  # SIGTERM/SIGUSR1 on some rank (SLURM preemption): save, then exit cleanly
             if rank == 0:
@@ -721,27 +708,8 @@ def main(args: Args) -> int:
             break
         if args.checkpoint_every and (update + 1) % args.checkpoint_every == 0 and rank == 0:
             checkpoint(update + 1)
-    if not stopped:  # also after resuming a checkpoint of the last update: evaluate and write the summary
-        if rank == 0:
-            wall = train_before + time.time() - train_start
-            video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
-            eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 10**6, device, video_dir)
-            for i, r in enumerate(eval_returns):
-                writer.add_scalar("eval/episodic_return", r, i)
-            summary = {"algo": "ddppo", "env_id": args.env_id, "seed": args.seed, "world_size": world,
-                       "global_step": global_step, "wall_time_s": elapsed_before + time.time() - PROCESS_START,
-                       "sps": global_step / wall,
-                       "train_time_s": wall, "eval_return_mean": float(np.mean(eval_returns)),
-                       "eval_return_std": float(np.std(eval_returns)),
-                       "train_return_last20": float(np.mean(recent)) if recent else None,
-                       "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step,
-                       "reward_threshold": threshold}
-            with open(os.path.join(run_dir, "summary.json"), "w") as f:
-                json.dump(summary, f, indent=2)
-            if args.save_model:
-                save_checkpoint(os.path.join(run_dir, "model.pt"), {k: v.cpu() for k, v in agent.state_dict().items()})
-            print(f"eval return {summary['eval_return_mean']:.1f} +- {summary['eval_return_std']:.1f}; "
-                  f"time to threshold: {time_to_threshold}; summary in {run_dir}/summary.json", flush=True)
+    if not stopped and rank == 0:  # also after resuming a checkpoint of the last update
+        write_summary(args, agent, writer, progress, train_time(), threshold, device, run_dir)
     envs.close()
     if writer is not None:
         writer.close()

@@ -29,11 +29,9 @@ from typing import Optional, Tuple
 def process_start_time() -> float:
     """Wall-clock time at which this process started (Linux /proc), so start-up and imports are counted."""
     try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        return time.time() - uptime + start_ticks / os.sysconf("SC_CLK_TCK")
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            ticks, up = int(stat.read().rsplit(")", 1)[1].split()[19]), float(uptime.read().split()[0])
+        return time.time() - up + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return time.time()
 
@@ -57,62 +55,35 @@ import tyro  # noqa: E402
 @dataclass
 class Args:
     # --- common to every distrl file ---
-    exp_name: str = "es"
-    """the name of this experiment (part of the run name)"""
-    seed: int = 1
-    """seed of the experiment (initial weights, noise table, noise indices, env seeds)"""
-    torch_deterministic: bool = True
-    """kept for the common block: ES runs on CPU, where the kernels used here are deterministic"""
-    cuda: bool = False
-    """kept for the common block: ES evaluates small policies on CPU; this flag is ignored"""
-    track: bool = False
-    """log to Weights & Biases as well as TensorBoard"""
-    wandb_project_name: str = "distrl"
-    """the wandb project name"""
-    wandb_entity: Optional[str] = None
-    """the wandb entity (team)"""
-    capture_video: bool = False
-    """not supported (ES here runs vector-observation tasks); kept for the common block"""
-    save_model: bool = False
-    """write the final theta and observation statistics to runs/<run_name>/model.pt"""
-    env_id: str = "CartPole-v1"
-    """the envpool environment id (vector observations: classic control, MuJoCo)"""
-    total_timesteps: int = 300_000
-    """budget of environment steps over all workers (the run stops after the generation that exceeds it)"""
-    eval_episodes: int = 10
-    """episodes of the final, unperturbed policy to evaluate at the end"""
+    exp_name: str = "es"  # the name of this experiment (part of the run name)
+    seed: int = 1  # seed of the experiment (initial weights, noise table, noise indices, env seeds)
+    torch_deterministic: bool = True  # kept for the common block: runs on CPU, whose kernels here are deterministic
+    cuda: bool = False  # kept for the common block: ES evaluates small policies on CPU; this flag is ignored
+    track: bool = False  # log to Weights & Biases as well as TensorBoard
+    wandb_project_name: str = "distrl"  # the wandb project name
+    wandb_entity: Optional[str] = None  # the wandb entity (team)
+    capture_video: bool = False  # not supported (ES here runs vector-observation tasks); kept for the common block
+    save_model: bool = False  # write the final theta and observation statistics to runs/<run_name>/model.pt
+    env_id: str = "CartPole-v1"  # the envpool environment id (vector observations: classic control, MuJoCo)
+    total_timesteps: int = 300_000  # environment steps over all workers (ends after the generation that exceeds it)
+    eval_episodes: int = 10  # episodes of the final, unperturbed policy to evaluate at the end
     # --- algorithm ---
-    population_size: int = 48
-    """perturbations per generation (antithetic: population_size / 2 noise vectors, each used as +eps and -eps)"""
-    sigma: float = 0.1
-    """noise standard deviation sigma"""
-    learning_rate: float = 0.05
-    """Adam's stepsize"""
-    l2_coeff: float = 0.005
-    """weight decay: l2_coeff * theta is added to the (negated) gradient estimate before Adam (paper: 0.005)"""
-    noise_table_size: int = 2 ** 24
-    """floats in the shared noise table (64 MiB; the paper used 250M)"""
-    obs_norm: bool = True
-    """normalize observations with running statistics aggregated over all workers"""
-    obs_clip: float = 5.0
-    """clip normalized observations to [-obs_clip, obs_clip]"""
-    episode_cap: int = 0
-    """cap on episode length in steps (0: the environment's own limit)"""
-    adaptive_cap: bool = False
-    """cap episodes at twice the mean episode length of the previous generation (the paper's adaptive mode)"""
-    hidden_sizes: Tuple[int, ...] = (64, 64)
-    """hidden layer widths of the tanh MLP policy"""
-    torch_threads: int = 1
-    """torch threads per worker (the per-step forward pass is tiny; 1 keeps results independent of the split)"""
-    env_threads: int = 0
-    """envpool worker threads per worker (0: the CPUs this process may use, divided among the workers on this node)"""
+    population_size: int = 48  # perturbations per generation (antithetic: half as many noise vectors, each +/-)
+    sigma: float = 0.1  # noise standard deviation sigma
+    learning_rate: float = 0.05  # Adam's stepsize
+    l2_coeff: float = 0.005  # weight decay: l2_coeff * theta joins the negated gradient before Adam (paper: 0.005)
+    noise_table_size: int = 2 ** 24  # floats in the shared noise table (64 MiB; the paper used 250M)
+    obs_norm: bool = True  # normalize observations with running statistics aggregated over all workers
+    obs_clip: float = 5.0  # clip normalized observations to [-obs_clip, obs_clip]
+    episode_cap: int = 0  # cap on episode length in steps (0: the environment's own limit)
+    adaptive_cap: bool = False  # cap episodes at twice the previous generation's mean length (paper's adaptive mode)
+    hidden_sizes: Tuple[int, ...] = (64, 64)  # hidden layer widths of the tanh MLP policy
+    torch_threads: int = 1  # torch threads per worker (tiny forward pass; 1 keeps results split-independent)
+    env_threads: int = 0  # envpool threads per worker (0: this process's CPUs divided among the node's workers)
     # --- distributed ---
-    num_workers: int = 1
-    """worker processes to spawn on this machine (without torchrun; under torchrun every rank is a worker)"""
-    checkpoint_every: int = 0
-    """write runs/<run_name>/checkpoint.pt every this many generations (0: only on SIGTERM/SIGUSR1)"""
-    resume: bool = False
-    """continue from runs/<run_name>/checkpoint.pt when it exists"""
+    num_workers: int = 1  # worker processes to spawn here (without torchrun; under it, each rank is a worker)
+    checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many generations (0: on signals only)
+    resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
@@ -142,7 +113,7 @@ def validate(args: Args) -> None:
         fail("hidden_sizes", f"must be positive, got {args.hidden_sizes}")
     if args.num_workers > 1 and "WORLD_SIZE" in os.environ:
         fail("num_workers", "under torchrun every rank is a worker; leave --num-workers at 1")
-    if args.capture_video:
+    if args.capture_video:  # kept in Args for the common block
         fail("capture_video", "not supported by ES here (vector-observation tasks only)")
     if args.env_id not in envpool.list_all_envs():
         fail("env_id", f"'{args.env_id}' is not an envpool environment")
@@ -172,9 +143,9 @@ def env_seed(args: Args, generation: int, member: int) -> int:
 
 # ----------------------------------------------------------------------------------------------- networks
 class Policy:
-    """Deterministic tanh MLP held as one flat parameter vector, so that perturbations are slices of the noise
-    table. `forward` evaluates P parameter vectors on P observations at once (one batched matmul per layer):
-    the whole population's step is one call. Discrete actions: argmax; Box actions: the output, clipped."""
+    """Deterministic tanh MLP as one flat parameter vector (a perturbation is a slice of the noise table). `forward`
+    runs P parameter vectors on P observations at once (one batched matmul per layer): one call per population
+    step. Discrete actions: argmax; Box actions: the output, clipped."""
 
     def __init__(self, obs_dim: int, action_space, hidden_sizes=(64, 64)):
         self.continuous = isinstance(action_space, gym.spaces.Box)
@@ -217,14 +188,12 @@ class Policy:
 
 # ----------------------------------------------------------------------------------------------- algorithm
 def noise_table(seed: int, size: int) -> torch.Tensor:
-    """The shared noise table: `size` standard normal float32 numbers from a generator seeded with `seed`. Every
-    worker builds the same table; a perturbation is an offset into it (its slice of num_params numbers)."""
+    """The shared noise table, `size` N(0, 1) float32 numbers seeded with `seed`: the same in every worker."""
     return torch.randn(size, generator=torch.Generator().manual_seed(seed))
 
 
 def sample_noise_indices(seed: int, generation: int, num_pairs: int, table_size: int, dim: int) -> np.ndarray:
-    """Offsets of the generation's noise vectors, drawn from (seed, generation) alone: pair i gets the same offset
-    whichever worker evaluates it."""
+    """Offsets of the generation's noise vectors, from (seed, generation) alone: the same in every worker."""
     return np.random.default_rng([seed, generation]).integers(0, table_size - dim + 1, size=num_pairs)
 
 
@@ -232,9 +201,8 @@ def centered_ranks(x: np.ndarray) -> np.ndarray:
     """Fitness shaping: replace each value by its rank over the whole array (0 for the smallest), scaled to
     [-0.5, 0.5]. Tied values share their average rank, so a constant fitness gives all-zero weights."""
     flat = x.ravel()
-    _, inverse, counts = np.unique(flat, return_inverse=True, return_counts=True)
-    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    ranks = (first + (counts - 1) / 2.0)[inverse]
+    ordered = np.sort(flat)  # a value's tied group spans [left, right) in sorted order; its mean rank is the middle
+    ranks = (np.searchsorted(ordered, flat, "left") + np.searchsorted(ordered, flat, "right") - 1) / 2.0
     return (ranks / (flat.size - 1) - 0.5).reshape(x.shape)
 
 
@@ -252,8 +220,7 @@ def adam_init(dim: int) -> dict:
     return {"step": 0, "m": torch.zeros(dim), "v": torch.zeros(dim)}
 
 
-def adam_step(theta: torch.Tensor, grad: torch.Tensor, state: dict, lr: float, betas=(0.9, 0.999),
-              eps: float = 1e-8) -> torch.Tensor:
+def adam_step(theta: torch.Tensor, grad: torch.Tensor, state: dict, lr: float, betas=(0.9, 0.999), eps=1e-8):
     """Adam (Kingma & Ba, 2015) on a flat vector, in torch.optim.Adam's order of operations (bitwise equal to it).
     Written out because constructing a torch.optim optimizer imports torch._dynamo (over a second of start-up)."""
     b1, b2 = betas
@@ -265,9 +232,8 @@ def adam_step(theta: torch.Tensor, grad: torch.Tensor, state: dict, lr: float, b
 
 
 def es_update(theta, adam: dict, noise, indices, returns: np.ndarray, args: Args):
-    """One ES step from the returns [num_pairs, 2] (+eps, -eps) of the whole population: centered ranks over all
-    2n returns, the gradient estimate, weight decay, Adam (which ascends: it descends -g + l2 * theta).
-    The 1/sigma of the estimator is left out: Adam is invariant to the scale of its gradient."""
+    """One ES step from the population's returns [num_pairs, 2] (+eps, -eps): centered ranks over all 2n returns,
+    the gradient estimate, weight decay, Adam (descending -g + l2 theta). No 1/sigma: Adam ignores the scale."""
     shaped = centered_ranks(returns)
     g = es_gradient(noise, indices, shaped[:, 0] - shaped[:, 1], theta.numel())
     return adam_step(theta, -g + args.l2_coeff * theta, adam, args.learning_rate), float(g.norm())
@@ -284,10 +250,9 @@ def obs_mean_std(obstat: torch.Tensor, dim: int):
 # ----------------------------------------------------------------------------------------------- roles
 def rollout_population(policy: Policy, params: torch.Tensor, env_id: str, seed: int, mean, std, clip: float,
                        cap: int, num_threads: int = 1):
-    """One episode per row of params [P, num_params], all P at once: one envpool batch (env i seeded seed + i),
-    one batched forward pass per step. Returns returns [P], lengths [P] and per-episode observation statistics
-    [P, 2 * obs_dim + 1] (sum, sum of squares, count), accumulated elementwise so that each row depends only on
-    its own episode."""
+    """One episode per row of params [P, num_params], all P at once: one envpool batch (env i seeded seed + i), one
+    batched forward pass per step. Returns returns [P], lengths [P] and per-episode observation statistics [P, 2 *
+    obs_dim + 1] (sum, sum of squares, count), elementwise so that each row depends only on its own episode."""
     P = params.shape[0]
     envs = make_env(env_id, P, seed, num_threads)
     obs, _ = envs.reset()
@@ -351,9 +316,7 @@ def worker_entry(index: int, args: Args, num_workers: int, parent: int) -> None:
     os.environ.update(RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(num_workers),
                       LOCAL_WORLD_SIZE=str(num_workers))
     args.num_workers = 1
-    code = main(args)
-    if code:
-        sys.exit(code)
+    sys.exit(main(args) or None)  # None: a clean exit with code 0
 
 
 def spawn_workers(args: Args) -> int:
@@ -361,8 +324,7 @@ def spawn_workers(args: Args) -> int:
     others are terminated and the job exits non-zero naming it. SIGTERM/SIGUSR1 are passed on to the workers."""
     with socket.socket() as s:  # a free port for the group's rendezvous (torch's TCPStore), not a protocol
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
     ctx = mp.start_processes(worker_entry, args=(args, args.num_workers, os.getpid()), nprocs=args.num_workers, join=False,
                              start_method="fork")
     for sig in (signal.SIGTERM, signal.SIGUSR1):
@@ -370,12 +332,9 @@ def spawn_workers(args: Args) -> int:
     try:
         while not ctx.join(timeout=1.0):
             pass
-    except mp.ProcessExitedException as e:
-        print(f"{os.path.basename(sys.argv[0])}: error: worker {e.error_index} (pid {e.pid}) exited with code {e.exit_code}; "
+    except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:  # it died, or raised (then e has its traceback)
+        print(f"{os.path.basename(sys.argv[0])}: error: worker {e.error_index} (pid {e.pid}): {e}; "
               "the other workers were stopped", file=sys.stderr)
-        return 1
-    except mp.ProcessRaisedException as e:
-        print(f"{os.path.basename(sys.argv[0])}: error: worker {e.error_index} failed:\n{e}", file=sys.stderr)
         return 1
     return 0
 
@@ -394,8 +353,7 @@ def main(args: Args) -> int:
     env_threads = args.env_threads or available_cpus()
 
     spec = envpool.make_spec(args.env_id)
-    threshold, max_steps = spec.reward_threshold, spec.config.max_episode_steps
-    obs_dim = spec.observation_space.shape[0]
+    threshold, max_steps, obs_dim = spec.reward_threshold, spec.config.max_episode_steps, spec.observation_space.shape[0]
     policy = Policy(obs_dim, spec.action_space, args.hidden_sizes)
     dim, num_pairs = policy.num_params, args.population_size // 2
     noise = noise_table(args.seed + 2**32, args.noise_table_size)  # its own stream, apart from the weights' (seed)
@@ -404,14 +362,12 @@ def main(args: Args) -> int:
     obstat = torch.cat([torch.zeros(obs_dim), torch.full((obs_dim,), 1e-2), torch.tensor([1e-2])]).double()
     generation, global_step, wall_before, time_to_threshold, threshold_step = 0, 0, 0.0, None, None
     episodes = 0  # run in this process (a resumed run counts from its restart)
-    cap = args.episode_cap or max_steps
-    recent = deque(maxlen=20)
+    cap, recent = args.episode_cap or max_steps, deque(maxlen=20)
     # Rank 0 reads the checkpoint and sends it to the other ranks: nodes need no shared filesystem.
-    ckpt = torch.load(ckpt_path, weights_only=True) if args.resume and rank == 0 and os.path.exists(ckpt_path) else None
+    box = [torch.load(ckpt_path, weights_only=True) if args.resume and rank == 0 and os.path.exists(ckpt_path) else None]
     if world > 1:
-        box = [ckpt]
         dist.broadcast_object_list(box, 0)
-        ckpt = box[0]
+    ckpt = box[0]
     if ckpt is not None:
         theta, adam, obstat, generation = ckpt["theta"], ckpt["adam"], ckpt["obstat"], ckpt["generation"]
         global_step, wall_before, cap = ckpt["global_step"], ckpt["wall_time_s"], ckpt["cap"]
@@ -434,8 +390,8 @@ def main(args: Args) -> int:
 
     def checkpoint():  # everything a resumed run needs; episodes and noise follow from (seed, generation)
         save_checkpoint(ckpt_path, dict(theta=theta, adam=adam, obstat=obstat, generation=generation, cap=cap,
-                        global_step=global_step, wall_time_s=wall_before + time.time() - train_start,
-                        time_to_threshold_s=time_to_threshold, threshold_step=threshold_step, recent_returns=list(recent)))
+                        global_step=global_step, wall_time_s=wall_before + time.time() - train_start, recent_returns=list(recent),
+                        time_to_threshold_s=time_to_threshold, threshold_step=threshold_step))
 
     # This worker's share of the antithetic pairs: a contiguous block; all blocks padded to the same length.
     per_rank = math.ceil(num_pairs / world)
@@ -457,10 +413,8 @@ def main(args: Args) -> int:
             rets, lens, stats = rollout_population(policy, params, args.env_id, env_seed(args, generation, 2 * lo),
                                                    mean, std, args.obs_clip, cap, env_threads)
             mine = rows[:hi - lo]
-            mine[:, PAIR] = torch.arange(lo, hi, dtype=torch.float64)
-            mine[:, NOISE] = torch.as_tensor(indices[lo:hi], dtype=torch.float64)
-            mine[:, RETURNS] = torch.as_tensor(rets.reshape(-1, 2))
-            mine[:, LENGTHS] = torch.as_tensor(lens.reshape(-1, 2), dtype=torch.float64)
+            mine[:, PAIR], mine[:, NOISE] = torch.arange(lo, hi), torch.as_tensor(indices[lo:hi], dtype=torch.float64)
+            mine[:, RETURNS], mine[:, LENGTHS] = torch.as_tensor(rets.reshape(-1, 2)), torch.as_tensor(lens.reshape(-1, 2))
             mine[:, OBSTAT] = stats[0::2] + stats[1::2]
         rollout_time = time.time() - t0
         if world > 1:
@@ -479,8 +433,7 @@ def main(args: Args) -> int:
         if args.adaptive_cap:
             cap = min(max_steps, max(1, int(2 * lengths.mean())))
         update_time = time.time() - t1
-        generation += 1
-        episodes += 2 * num_pairs
+        generation, episodes = generation + 1, episodes + 2 * num_pairs
 
         counters = torch.tensor([float(stop["signal"] != 0), rollout_time], dtype=torch.float64)
         if world > 1:
@@ -493,12 +446,11 @@ def main(args: Args) -> int:
             now = time.time()
             sps = (global_step - steps_at_start) / (now - train_start)
             scalars = {"charts/episodic_return": returns.mean(), "charts/episodic_length": lengths.mean(),
-                       "charts/episodic_return_max": returns.max(), "charts/SPS": sps,
-                       "charts/learning_rate": args.learning_rate, "charts/episode_cap": cap,
-                       "losses/grad_norm": grad_norm, "losses/theta_norm": float(theta.norm()),
-                       "stats/bytes_per_generation": float(gathered_bytes), "stats/gradient_bytes": float(dim * 4),
-                       "stats/rollout_time_s": float(counters[1]) / world, "stats/update_time_s": update_time,
-                       "stats/generation": generation}
+                       "charts/episodic_return_max": returns.max(), "charts/SPS": sps, "charts/episode_cap": cap,
+                       "charts/learning_rate": args.learning_rate, "losses/grad_norm": grad_norm,
+                       "losses/theta_norm": float(theta.norm()), "stats/bytes_per_generation": float(gathered_bytes),
+                       "stats/gradient_bytes": float(dim * 4), "stats/rollout_time_s": float(counters[1]) / world,
+                       "stats/update_time_s": update_time, "stats/generation": generation}
             for key, value in scalars.items():
                 writer.add_scalar(key, value, global_step)
             if now - last_print > 2.0 or global_step >= args.total_timesteps:
@@ -521,14 +473,12 @@ def main(args: Args) -> int:
                 writer.add_scalar("eval/episodic_return", r, i)
             summary = {"algo": "es", "env_id": args.env_id, "seed": args.seed, "world_size": world,
                        "global_step": global_step, "generations": generation, "wall_time_s": time.time() - PROCESS_START,
-                       "episodes_per_s": episodes / (time.time() - train_start),
-                       "sps": sps, "train_time_s": wall, "eval_return_mean": float(np.mean(eval_returns)),
-                       "eval_return_std": float(np.std(eval_returns)),
+                       "episodes_per_s": episodes / (time.time() - train_start), "sps": sps, "train_time_s": wall,
+                       "eval_return_mean": float(np.mean(eval_returns)), "eval_return_std": float(np.std(eval_returns)),
                        "train_return_last20": float(np.mean(recent)) if recent else None,
                        "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step,
-                       "reward_threshold": threshold, "num_params": dim,
-                       "bytes_per_generation": gathered_bytes, "gradient_bytes": dim * 4,
-                       "theta_sha256": hashlib.sha256(theta.numpy().tobytes()).hexdigest()}
+                       "reward_threshold": threshold, "num_params": dim, "bytes_per_generation": gathered_bytes,
+                       "gradient_bytes": dim * 4, "theta_sha256": hashlib.sha256(theta.numpy().tobytes()).hexdigest()}
             with open(os.path.join(run_dir, "summary.json"), "w") as f:
                 json.dump(summary, f, indent=2)
             if args.save_model:

@@ -30,11 +30,9 @@ from typing import Optional, Tuple
 def process_start_time() -> float:
     """Wall-clock time at which this process started (Linux /proc), so start-up and imports are counted."""
     try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        return time.time() - uptime + start_ticks / os.sysconf("SC_CLK_TCK")
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            ticks, up = int(stat.read().rsplit(")", 1)[1].split()[19]), float(uptime.read().split()[0])
+        return time.time() - up + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return time.time()
 
@@ -58,58 +56,33 @@ import tyro  # noqa: E402
 @dataclass
 class Args:
     # --- common to every distrl file ---
-    exp_name: str = "ga"
-    """the name of this experiment (part of the run name)"""
-    seed: int = 1
-    """seed of the experiment (initialization seeds, noise table, mutations, parent choices, env seeds)"""
-    torch_deterministic: bool = True
-    """kept for the common block: the GA runs on CPU, where the kernels used here are deterministic"""
-    cuda: bool = False
-    """kept for the common block: the GA evaluates small policies on CPU; this flag is ignored"""
-    track: bool = False
-    """log to Weights & Biases as well as TensorBoard"""
-    wandb_project_name: str = "distrl"
-    """the wandb project name"""
-    wandb_entity: Optional[str] = None
-    """the wandb entity (team)"""
-    capture_video: bool = False
-    """not supported (the GA here runs vector-observation tasks); kept for the common block"""
-    save_model: bool = False
-    """write the elite's parameters and seed list to runs/<run_name>/model.pt"""
-    env_id: str = "CartPole-v1"
-    """the envpool environment id (vector observations: classic control, MuJoCo)"""
-    total_timesteps: int = 300_000
-    """budget of environment steps over all workers (the run stops after the generation that exceeds it)"""
-    eval_episodes: int = 10
-    """episodes of the final elite to evaluate at the end"""
+    exp_name: str = "ga"  # the name of this experiment (part of the run name)
+    seed: int = 1  # seed of the experiment (initialization seeds, noise table, mutations, parent choices, env seeds)
+    torch_deterministic: bool = True  # kept for the common block: runs on CPU, whose kernels here are deterministic
+    cuda: bool = False  # kept for the common block: the GA evaluates small policies on CPU; this flag is ignored
+    track: bool = False  # log to Weights & Biases as well as TensorBoard
+    wandb_project_name: str = "distrl"  # the wandb project name
+    wandb_entity: Optional[str] = None  # the wandb entity (team)
+    capture_video: bool = False  # not supported (the GA here runs vector-observation tasks); kept for the common block
+    save_model: bool = False  # write the elite's parameters and seed list to runs/<run_name>/model.pt
+    env_id: str = "CartPole-v1"  # the envpool environment id (vector observations: classic control, MuJoCo)
+    total_timesteps: int = 300_000  # environment steps over all workers (ends after the generation that exceeds it)
+    eval_episodes: int = 10  # episodes of the final elite to evaluate at the end
     # --- algorithm ---
-    population_size: int = 64
-    """N: individuals per generation (the elite plus N - 1 mutants)"""
-    truncation: int = 8
-    """T: the top T individuals are the parents of the next generation (the elite is one of them)"""
-    sigma: float = 0.05
-    """mutation power sigma: child = parent + sigma * epsilon"""
-    elite_candidates: int = 10
-    """candidates for the elite: the top ones of the generation (and the previous elite) (paper: 10)"""
-    elite_episodes: int = 30
-    """extra episodes per elite candidate; the elite is the candidate with the best mean (paper: 30)"""
-    noise_table_size: int = 2 ** 24
-    """floats in the shared noise table (64 MiB); a mutation seed is an offset into it"""
-    episode_cap: int = 0
-    """cap on episode length in steps (0: the environment's own limit)"""
-    hidden_sizes: Tuple[int, ...] = (64, 64)
-    """hidden layer widths of the tanh MLP policy"""
-    torch_threads: int = 1
-    """torch threads per worker (the per-step forward pass is tiny; 1 keeps results independent of the split)"""
-    env_threads: int = 0
-    """envpool worker threads per worker (0: the CPUs this process may use, divided among the workers on this node)"""
+    population_size: int = 64  # N: individuals per generation (the elite plus N - 1 mutants)
+    truncation: int = 8  # T: the top T individuals are the parents of the next generation (the elite is one of them)
+    sigma: float = 0.05  # mutation power sigma: child = parent + sigma * epsilon
+    elite_candidates: int = 10  # elite candidates: the generation's top ones and the previous elite (paper: 10)
+    elite_episodes: int = 30  # extra episodes per elite candidate; the best mean is the elite (paper: 30)
+    noise_table_size: int = 2 ** 24  # floats in the shared noise table (64 MiB); a mutation seed is an offset into it
+    episode_cap: int = 0  # cap on episode length in steps (0: the environment's own limit)
+    hidden_sizes: Tuple[int, ...] = (64, 64)  # hidden layer widths of the tanh MLP policy
+    torch_threads: int = 1  # torch threads per worker (tiny forward pass; 1 keeps results split-independent)
+    env_threads: int = 0  # envpool threads per worker (0: this process's CPUs divided among the node's workers)
     # --- distributed ---
-    num_workers: int = 1
-    """worker processes to spawn on this machine (without torchrun; under torchrun every rank is a worker)"""
-    checkpoint_every: int = 0
-    """write runs/<run_name>/checkpoint.pt every this many generations (0: only on SIGTERM/SIGUSR1)"""
-    resume: bool = False
-    """continue from runs/<run_name>/checkpoint.pt when it exists"""
+    num_workers: int = 1  # worker processes to spawn here (without torchrun; under it, each rank is a worker)
+    checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many generations (0: on signals only)
+    resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
@@ -342,9 +315,7 @@ def worker_entry(index: int, args: Args, num_workers: int, parent: int) -> None:
     os.environ.update(RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(num_workers),
                       LOCAL_WORLD_SIZE=str(num_workers))
     args.num_workers = 1
-    code = main(args)
-    if code:
-        sys.exit(code)
+    sys.exit(main(args) or None)  # None: a clean exit with code 0
 
 
 def spawn_workers(args: Args) -> int:
@@ -352,8 +323,7 @@ def spawn_workers(args: Args) -> int:
     others are terminated and the job exits non-zero naming it. SIGTERM/SIGUSR1 are passed on to the workers."""
     with socket.socket() as s:  # a free port for the group's rendezvous (torch's TCPStore), not a protocol
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
     ctx = mp.start_processes(worker_entry, args=(args, args.num_workers, os.getpid()), nprocs=args.num_workers, join=False,
                              start_method="fork")
     for sig in (signal.SIGTERM, signal.SIGUSR1):
@@ -361,12 +331,9 @@ def spawn_workers(args: Args) -> int:
     try:
         while not ctx.join(timeout=1.0):
             pass
-    except mp.ProcessExitedException as e:
-        print(f"{os.path.basename(sys.argv[0])}: error: worker {e.error_index} (pid {e.pid}) exited with code {e.exit_code}; "
+    except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:  # it died, or raised (then e has its traceback)
+        print(f"{os.path.basename(sys.argv[0])}: error: worker {e.error_index} (pid {e.pid}): {e}; "
               "the other workers were stopped", file=sys.stderr)
-        return 1
-    except mp.ProcessRaisedException as e:
-        print(f"{os.path.basename(sys.argv[0])}: error: worker {e.error_index} failed:\n{e}", file=sys.stderr)
         return 1
     return 0
 
@@ -397,11 +364,10 @@ def main(args: Args) -> int:
     episodes = 0  # run in this process (a resumed run counts from its restart)
     recent = deque(maxlen=20)
     # Rank 0 reads the checkpoint and sends it to the other ranks: nodes need no shared filesystem.
-    ckpt = torch.load(ckpt_path, weights_only=True) if args.resume and rank == 0 and os.path.exists(ckpt_path) else None
+    box = [torch.load(ckpt_path, weights_only=True) if args.resume and rank == 0 and os.path.exists(ckpt_path) else None]
     if world > 1:
-        box = [ckpt]
         dist.broadcast_object_list(box, 0)
-        ckpt = box[0]
+    ckpt = box[0]
     if ckpt is not None:
         parents, elite, elite_score, generation = ckpt["parents"], ckpt["elite"], ckpt["elite_score"], ckpt["generation"]
         global_step, wall_before = ckpt["global_step"], ckpt["wall_time_s"]

@@ -31,11 +31,9 @@ from typing import Literal, Optional
 def process_start_time() -> float:
     """Wall-clock time at which this process started (Linux /proc), so start-up and imports are counted."""
     try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        return time.time() - uptime + start_ticks / os.sysconf("SC_CLK_TCK")
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            ticks, up = int(stat.read().rsplit(")", 1)[1].split()[19]), float(uptime.read().split()[0])
+        return time.time() - up + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return time.time()
 
@@ -60,87 +58,51 @@ import tyro  # noqa: E402
 @dataclass
 class Args:
     # --- common to every distrl file ---
-    exp_name: str = "seed"
-    """the name of this experiment (part of the run name)"""
-    seed: int = 1
-    """seed of the experiment"""
-    torch_deterministic: bool = True
-    """deterministic CUDA kernels (`torch.use_deterministic_algorithms`); CPU runs are deterministic anyway"""
-    cuda: bool = True
-    """run the learner's inference and training on CUDA when it is available (actors have no model)"""
-    track: bool = False
-    """log to Weights & Biases as well as TensorBoard"""
-    wandb_project_name: str = "distrl"
-    """the wandb project name"""
-    wandb_entity: Optional[str] = None
-    """the wandb entity (team)"""
-    capture_video: bool = False
-    """save the frames of the first evaluation episode (Atari) to runs/<run_name>/videos/eval_episode0.npz"""
-    save_model: bool = False
-    """write the final weights (state_dict) to runs/<run_name>/model.pt"""
-    env_id: str = "CartPole-v1"
-    """the envpool environment id"""
-    total_timesteps: int = 400_000
-    """total environment steps consumed by the learner"""
-    eval_episodes: int = 10
-    """episodes of the final, greedy policy to evaluate at the end"""
+    exp_name: str = "seed"  # the name of this experiment (part of the run name)
+    seed: int = 1  # seed of the experiment
+    torch_deterministic: bool = True  # deterministic CUDA kernels (the CPU kernels used here are anyway)
+    cuda: bool = True  # run the learner's inference and training on CUDA when it is available (actors have no model)
+    track: bool = False  # log to Weights & Biases as well as TensorBoard
+    wandb_project_name: str = "distrl"  # the wandb project name
+    wandb_entity: Optional[str] = None  # the wandb entity (team)
+    capture_video: bool = False  # save the first evaluation episode's frames (Atari) to runs/<run_name>/videos/
+    save_model: bool = False  # write the final weights (state_dict) to runs/<run_name>/model.pt
+    env_id: str = "CartPole-v1"  # the envpool environment id
+    total_timesteps: int = 400_000  # total environment steps consumed by the learner
+    eval_episodes: int = 10  # episodes of the final, greedy policy to evaluate at the end
     # --- algorithm ---
+    # torso: 64-64 tanh MLP, Nature-CNN, or the paper's deep ResNet (auto: MLP for vectors, Nature-CNN for images)
     network: Literal["auto", "mlp", "nature", "resnet"] = "auto"
-    """torso: 64-64 tanh MLP, Nature-CNN, or the paper's deep residual network (auto: MLP for vectors, Nature-CNN for images)"""
-    use_lstm: bool = False
-    """an LSTM core between torso and heads (state kept per env, reset at episode starts)"""
-    optimizer: Literal["rmsprop", "adam"] = "adam"
-    """RMSProp (the paper's optimizer) or Adam"""
-    learning_rate: float = 2e-3
-    """the optimizer's learning rate"""
-    anneal_lr: bool = True
-    """anneal the learning rate linearly to zero (as in the paper)"""
-    rmsprop_alpha: float = 0.99
-    """RMSProp's decay of the squared-gradient average (paper: 0.99)"""
-    rmsprop_eps: float = 0.01
-    """RMSProp's epsilon (paper: 0.01)"""
-    adam_eps: float = 1e-5
-    """Adam's epsilon"""
-    num_envs: int = 8
-    """environments stepped by each actor"""
-    unroll_length: int = 20
-    """steps per unroll (paper: 20)"""
-    batch_size: int = 8
-    """trajectories (one env's unroll each) per learner update (paper: 32); a multiple of num_envs"""
-    gamma: float = 0.995
-    """discount factor (0.995 rather than 0.99: see docs/seed.md, Defaults)"""
-    rho_bar: float = 1.0
-    """V-trace's truncation of the importance weights rho (paper: 1)"""
-    c_bar: float = 1.0
-    """V-trace's truncation of the trace coefficients c (paper: 1)"""
-    vtrace_lambda: float = 1.0
-    """lambda scaling the trace coefficients, c_i = lambda min(c_bar, pi/mu) (paper: 1)"""
-    ent_coef: float = 0.02
-    """entropy bonus coefficient (0.02 rather than 0.01: see docs/seed.md, Defaults)"""
-    vf_coef: float = 0.5
-    """baseline (value) loss coefficient"""
+    use_lstm: bool = False  # an LSTM core between torso and heads (state kept per env, reset at episode starts)
+    optimizer: Literal["rmsprop", "adam"] = "adam"  # RMSProp (the paper's optimizer) or Adam
+    learning_rate: float = 2e-3  # the optimizer's learning rate
+    anneal_lr: bool = True  # anneal the learning rate linearly to zero (as in the paper)
+    rmsprop_alpha: float = 0.99  # RMSProp's decay of the squared-gradient average (paper: 0.99)
+    rmsprop_eps: float = 0.01  # RMSProp's epsilon (paper: 0.01)
+    adam_eps: float = 1e-5  # Adam's epsilon
+    num_envs: int = 8  # environments stepped by each actor
+    unroll_length: int = 20  # steps per unroll (paper: 20)
+    batch_size: int = 8  # trajectories (one env's unroll each) per learner update (paper: 32); a multiple of num_envs
+    gamma: float = 0.995  # discount factor (0.995 rather than 0.99: see docs/seed.md, Defaults)
+    rho_bar: float = 1.0  # V-trace's truncation of the importance weights rho (paper: 1)
+    c_bar: float = 1.0  # V-trace's truncation of the trace coefficients c (paper: 1)
+    vtrace_lambda: float = 1.0  # lambda scaling the trace coefficients, c_i = lambda min(c_bar, pi/mu) (paper: 1)
+    ent_coef: float = 0.02  # entropy bonus coefficient (0.02 rather than 0.01: see docs/seed.md, Defaults)
+    vf_coef: float = 0.5  # baseline (value) loss coefficient
     norm_reward: tyro.conf.DisallowNone[Optional[bool]] = None
     """divide rewards by the running std of the discounted return (default: on for vector observations; off for
     images, whose rewards are clipped to [-1, 1] as in the paper; see docs/seed.md, Defaults)"""
-    clip_reward: float = 10.0
-    """scaled rewards are clipped to [-clip_reward, clip_reward]"""
-    max_grad_norm: float = 0.5
-    """global gradient-norm clip, applied after the all-reduce (paper: 40, for summed losses; see docs, Defaults)"""
-    torch_threads: int = 0
-    """learner's torch threads, shared by its inference and training threads (0: 1)"""
-    env_threads: int = 0
-    """envpool threads per actor (0: 1)"""
+    clip_reward: float = 10.0  # scaled rewards are clipped to [-clip_reward, clip_reward]
+    max_grad_norm: float = 0.5  # global grad-norm clip after the all-reduce (paper: 40 for summed losses; see docs)
+    torch_threads: int = 0  # learner's torch threads, shared by its inference and training threads (0: 1)
+    env_threads: int = 0  # envpool threads per actor (0: 1)
     # --- distributed ---
-    num_actors: int = 0
-    """actor processes beside the learner on rank 0 (0: one per CPU it may use); every other torchrun rank is one more actor"""
-    num_buffers: int = 0
-    """unroll buffers in the learner (0: max(2 x unrolls per batch, unrolls per batch + 2 x actors))"""
+    num_actors: int = 0  # actors beside the learner on rank 0 (0: one per CPU); other ranks are one more each
+    num_buffers: int = 0  # unroll buffers (0: max(2 x unrolls per batch, unrolls per batch + 2 x actors))
+    # dynamic batching: run inference when every actor waits, or this long after the first request
     inference_timeout_ms: float = 1.0
-    """dynamic batching: run inference when every actor waits, or this long after the first request"""
-    checkpoint_every: int = 0
-    """write runs/<run_name>/checkpoint.pt every this many updates (0: only on SIGTERM/SIGUSR1)"""
-    resume: bool = False
-    """continue from runs/<run_name>/checkpoint.pt when it exists"""
+    checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many updates (0: on signals only)
+    resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
@@ -742,9 +704,8 @@ def main(args: Args) -> int:
     def checkpoint(next_update: int):
         save_checkpoint(ckpt_path, {"model": agent.state_dict(), "optimizer": opt_state, "update": next_update,
                                     "global_step": global_step, "wall_time_s": wall_before + time.time() - train_start,
-                                    "elapsed_s": elapsed_before + time.time() - PROCESS_START,
-                                    "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step,
-                                    "recent_returns": list(recent)})
+                                    "elapsed_s": elapsed_before + time.time() - PROCESS_START, "recent_returns": list(recent),
+                                    "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step})
 
     def next_batch() -> list:  # unrolls_per_batch finished unrolls, in the order they were finished
         chosen = []

@@ -68,7 +68,7 @@ def test_ppo_loss_clips_ratio():
     agent = ddppo.Agent((4,), ddppo.gym.spaces.Discrete(2))
     obs, actions = torch.randn(64, 4), torch.randint(0, 2, (64,))
     with torch.no_grad():
-        logprob, _, value = agent.evaluate_actions(obs, actions)
+        _, logprob, _, value = agent.get_action_and_value(obs, actions)
     args = ddppo.Args(norm_adv=False, ent_coef=0.0, clip_coef=0.2)
     mb = {"obs": obs, "actions": actions, "logprobs": logprob - 1.0,  # ratio = e > 1 + clip everywhere
           "values": value, "advantages": torch.ones(64), "returns": value}
@@ -83,7 +83,7 @@ def test_gaussian_logprob_and_entropy_match_torch_normal():
     with torch.no_grad():
         agent.actor_logstd.copy_(torch.tensor([-0.5, 0.3]))
     obs, actions = torch.randn(10, 3), torch.randn(10, 2)
-    logprob, entropy, _ = agent.evaluate_actions(obs, actions)
+    _, logprob, entropy, _ = agent.get_action_and_value(obs, actions)
     dist_ = torch.distributions.Normal(agent.actor(obs), agent.actor_logstd.exp())
     torch.testing.assert_close(logprob, dist_.log_prob(actions).sum(-1))
     torch.testing.assert_close(entropy, dist_.entropy().sum(-1))
@@ -100,7 +100,7 @@ def test_adam_step_matches_torch_adam():
         grad.zero_()
         b.zero_grad()
         for agent in (a, b):
-            logprob, _, value = agent.evaluate_actions(obs, actions)
+            _, logprob, _, value = agent.get_action_and_value(obs, actions)
             (logprob.mean() + (value ** 2).mean()).backward()
         assert all(torch.equal(x.grad, y.grad) for x, y in zip(a.parameters(), b.parameters()))
         with torch.no_grad():
@@ -128,7 +128,7 @@ def test_flattened_parameters_are_views_that_backward_fills():
     flat, grad = ddppo.flatten_parameters(agent)
     assert all(torch.equal(before[k], v) for k, v in agent.state_dict().items())  # values kept
     assert flat.numel() == grad.numel() == sum(p.numel() for p in agent.parameters())
-    logprob, _, value = agent.evaluate_actions(torch.randn(8, 4), torch.randint(0, 2, (8,)))
+    _, logprob, _, value = agent.get_action_and_value(torch.randn(8, 4), torch.randint(0, 2, (8,)))
     (logprob.mean() + value.mean()).backward()
     assert grad.abs().sum() > 0 and torch.equal(grad, torch.cat([p.grad.reshape(-1) for p in agent.parameters()]))
     with torch.no_grad():
