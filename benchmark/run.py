@@ -58,7 +58,12 @@ SUITES = {
     },
     "final_eval": {  # every file with its defaults: the final evaluation (what a user sees), 10 seeds
         algo: [PY, str(ROOT / f"algos/{algo}.py"), "--seed", "{seed}", "--exp-name", "bench"]
-        for algo in ["ddppo", "impala", "seed", "es", "ga"]
+        for algo in ["ddppo", "impala", "seed", "es", "ga", "a3c"]
+    },
+    "a3c": {  # A3C with 1 and 2 Hogwild workers (defaults otherwise) beside SB3 A2C (rl-zoo)
+        **{f"a3c_w{w}": [PY, str(ROOT / "algos/a3c.py"), "--seed", "{seed}", "--exp-name", "bench", "--num-workers", str(w)]
+           for w in [1, 2]},
+        "sb3_a2c": [PY, str(ROOT / "benchmark/sb3_cartpole.py"), "--algo", "a2c", "--seed", "{seed}", "--out", "{out}"],
     },
     "evolution_workers": {  # episodes per second with 1 and 2 workers, same budget (the results are identical)
         f"{algo}_w{w}": [PY, str(ROOT / f"algos/{algo}.py"), "--seed", "{seed}", "--exp-name", "bench",
@@ -131,6 +136,7 @@ def main() -> None:
                                                   max((r["time_to_threshold_s"] for r in rs if r["time_to_threshold_s"]), default=None)],
                     "reached": sum(r["time_to_threshold_s"] is not None for r in rs), "runs": len(rs),
                     "threshold_step_median": median([r.get("threshold_step") for r in rs]),
+                    "train_time_to_threshold_median_s": median([r.get("train_time_to_threshold_s") for r in rs]),
                     "sps_median": median([r["sps"] for r in rs]),
                     "episodes_per_s_median": median([r.get("episodes_per_s") for r in rs]),
                     "eval_return_median": median([r.get("eval_return_mean") for r in rs]),
