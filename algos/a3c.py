@@ -62,7 +62,7 @@ class Args:
     capture_video: bool = False  # save the first evaluation episode's frames (Atari) to runs/<run_name>/videos/
     save_model: bool = False  # write the final weights (state_dict) to runs/<run_name>/model.pt
     env_id: str = "CartPole-v1"  # the envpool environment id
-    total_timesteps: int = 150_000  # total environment steps over all workers (the shared counter)
+    total_timesteps: int = 200_000  # total environment steps over all workers (the shared counter)
     eval_episodes: int = 10  # episodes of the final, greedy policy to evaluate at the end
     # --- algorithm ---
     t_max: int = 5  # steps per rollout segment before each update (paper: 5)
