@@ -247,14 +247,12 @@ class Agent(nn.Module):
         if network == "mlp":
             self.policy, self.baseline = mlp(width, num_actions, 0.01), mlp(width, 1, 1.0)
         else:
-            self.policy = layer_init(nn.Linear(width, num_actions), 0.01)
-            self.baseline = layer_init(nn.Linear(width, 1), 1.0)
+            self.policy, self.baseline = layer_init(nn.Linear(width, num_actions), 0.01), layer_init(nn.Linear(width, 1), 1.0)
         self.return_rms = RunningMeanStd() if norm_reward else None
 
     def initial_state(self, n: int, device=None):
         """Zero LSTM state (h, c) stacked as [2, n, width]; an empty tensor without LSTM."""
-        width = self.core.hidden_size if self.core is not None else 0
-        return torch.zeros(2, n, width, device=device)
+        return torch.zeros(2, n, self.core.hidden_size if self.core is not None else 0, device=device)
 
     def forward(self, obs: torch.Tensor, valid: torch.Tensor, state: torch.Tensor):
         """obs [T, N, ...], valid [T, N] (0 on envpool's reset steps), state [2, N, H] -> logits [T, N, A],
@@ -394,11 +392,9 @@ def shared_buffers(args: Args, spec, num_buffers: int, state_width: int) -> dict
     the action, behaviour logits, reward, terminated, done (terminated or truncated), valid, the discounted return
     so far (the reward scaler's statistic), the return and length of an episode that ended at t (NaN elsewhere);
     the LSTM state before x_0; who produced it, with what version."""
-    T, N, A = args.unroll_length, args.num_envs, spec.action_space.n
-    obs_shape = spec.observation_space.shape
+    T, N, A, obs_shape = args.unroll_length, args.num_envs, spec.action_space.n, spec.observation_space.shape
     b = {"obs": torch.zeros((num_buffers, T + 1, N) + obs_shape, dtype=torch.uint8 if len(obs_shape) == 3 else torch.float32),
-         "actions": torch.zeros((num_buffers, T, N), dtype=torch.long),
-         "logits": torch.zeros((num_buffers, T, N, A)),
+         "actions": torch.zeros((num_buffers, T, N), dtype=torch.long), "logits": torch.zeros((num_buffers, T, N, A)),
          "state": torch.zeros((num_buffers, 2, N, state_width)),
          "meta": torch.zeros((num_buffers, 3), dtype=torch.long)}  # parameter version, actor, sequence number
     for k in ["rewards", "terms", "dones", "valid", "returns", "ep_return", "ep_length"]:
@@ -462,12 +458,10 @@ def actor_loop(actor: int, args: Args, spec, buffers: dict, store: ParameterStor
     torch.set_num_threads(1)
     T, N = args.unroll_length, args.num_envs
     seed = env_seed(args, args.rank, actor, start_update)
-    envs = make_env(args.env_id, N, seed, args.env_threads or 1)
-    generator = torch.Generator().manual_seed(seed)
+    envs, generator = make_env(args.env_id, N, seed, args.env_threads or 1), torch.Generator().manual_seed(seed)
     agent = Agent(spec.observation_space.shape, spec.action_space.n, args.network, args.use_lstm)
     flat = flat_params(agent)
-    obs = torch.as_tensor(envs.reset()[0])
-    valid, state = torch.ones(N), agent.initial_state(N)
+    obs, valid, state = torch.as_tensor(envs.reset()[0]), torch.ones(N), agent.initial_state(N)
     ep_return, ep_length, prev_done = np.zeros(N), np.zeros(N), np.zeros(N, dtype=bool)
     ret_acc = np.zeros(N)  # discounted return along each env, R_t = gamma R_{t-1} + r_t, reset after an episode end
     per_round = args.unrolls_per_batch // args.num_actors
@@ -498,14 +492,12 @@ def actor_loop(actor: int, args: Args, spec, buffers: dict, store: ParameterStor
             o, r, term, trunc, info = envs.step(action.numpy())
             done = term | trunc
             # Episode statistics (Atari: raw rewards and real game over); the reset step after an end adds nothing.
-            live = ~prev_done
-            ep_return += info.get("reward", r) * live
-            ep_length += live
+            ep_return += info.get("reward", r) * ~prev_done
+            ep_length += ~prev_done
             ended = (info["terminated"].astype(bool) | trunc) if "terminated" in info else done
             buffers["ep_return"][k, t] = torch.as_tensor(np.where(ended, ep_return, np.nan))
             buffers["ep_length"][k, t] = torch.as_tensor(ep_length)
-            ep_return[ended], ep_length[ended] = 0.0, 0
-            prev_done = done
+            ep_return[ended], ep_length[ended], prev_done = 0.0, 0, done
             buffers["rewards"][k, t] = torch.as_tensor(r)
             ret_acc = ret_acc * args.gamma + r
             buffers["returns"][k, t] = torch.as_tensor(ret_acc)
@@ -555,12 +547,10 @@ def next_batch(args: Args, buffers: dict, free_q, full_q, actors: list, pending:
 
 def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device, video_dir: Optional[str] = None):
     """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short episodes)."""
-    envs = make_env(env_id, episodes, seed, episodic_life=False, reward_clip=False) if agent.image \
-        else make_env(env_id, episodes, seed)
+    envs = make_env(env_id, episodes, seed, **(dict(episodic_life=False, reward_clip=False) if agent.image else {}))
     obs, _ = envs.reset()
     returns, done = np.zeros(episodes), np.zeros(episodes, dtype=bool)
-    state, valid = agent.initial_state(episodes, device), torch.ones(1, episodes, device=device)
-    frames = []
+    state, valid, frames = agent.initial_state(episodes, device), torch.ones(1, episodes, device=device), []
     while not done.all():
         with torch.no_grad():
             logits, _, state = agent(torch.as_tensor(obs, device=device).unsqueeze(0), valid, state)
@@ -577,8 +567,7 @@ def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device, video_
     return returns
 
 
-def save_checkpoint(path: str, payload: dict) -> None:
-    """Atomic: write a temporary file beside the target, then rename over it."""
+def save_checkpoint(path: str, payload: dict) -> None:  # atomic: a temporary file beside the target, renamed over it
     tmp = f"{path}.tmp{os.getpid()}"
     torch.save(payload, tmp)
     os.replace(tmp, path)
@@ -623,8 +612,7 @@ def main(args: Args) -> int:
     steps_per_update = args.batch_size * args.unroll_length
     args.num_updates = max(1, args.total_timesteps // (world * steps_per_update))
     args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
-    run_dir = os.path.join("runs", args.run_name)
-    ckpt_path = os.path.join(run_dir, "checkpoint.pt")
+    run_dir, ckpt_path = os.path.join("runs", args.run_name), os.path.join("runs", args.run_name, "checkpoint.pt")
     torch.set_num_threads(args.torch_threads or 1)
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -635,21 +623,20 @@ def main(args: Args) -> int:
         torch.backends.cudnn.deterministic = args.torch_deterministic
 
     spec = envpool.make_spec(args.env_id)
-    threshold = spec.reward_threshold
+    threshold = spec.reward_threshold  # None for envs without one
     args.norm_reward = len(spec.observation_space.shape) != 3 if args.norm_reward is None else args.norm_reward
     agent = Agent(spec.observation_space.shape, spec.action_space.n, args.network, args.use_lstm,
                   args.norm_reward).to(device)
     params = list(agent.parameters())
     opt_state = optimizer_init(params)
-    start_update, global_step, wall_before, time_to_threshold, threshold_step = 0, 0, 0.0, None, None
-    elapsed_before = 0.0  # wall time of earlier segments, each from its process start (whole-run figures)
+    # Earlier segments' training time (wall_before) and wall time from each process start (elapsed_before).
+    start_update, global_step, wall_before, elapsed_before, time_to_threshold, threshold_step = 0, 0, 0.0, 0.0, None, None
     recent, lags = deque(maxlen=20), []
     if args.resume and os.path.exists(ckpt_path):
         ckpt = torch.load(ckpt_path, map_location=device, weights_only=True)
-        agent.load_state_dict(ckpt["model"])
-        opt_state = ckpt["optimizer"]
+        agent.load_state_dict(ckpt["model"])  # and below: .get, for checkpoints from before whole-run times
+        opt_state, elapsed_before = ckpt["optimizer"], ckpt.get("elapsed_s", 0.0)
         start_update, global_step, wall_before = ckpt["update"], ckpt["global_step"], ckpt["wall_time_s"]
-        elapsed_before = ckpt.get("elapsed_s", 0.0)  # absent from checkpoints written before whole-run times
         time_to_threshold, threshold_step = ckpt["time_to_threshold_s"], ckpt["threshold_step"]
         recent.extend(ckpt["recent_returns"])
 

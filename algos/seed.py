@@ -127,7 +127,7 @@ def validate(args: Args) -> None:
         if getattr(args, name) <= 0:
             fail(name, f"must be positive, got {getattr(args, name)}")
     for name in ["torch_threads", "env_threads", "num_actors", "num_buffers", "checkpoint_every", "ent_coef",
-                 "vf_coef", "max_grad_norm"]:
+                 "vf_coef", "max_grad_norm", "inference_timeout_ms"]:
         if getattr(args, name) < 0:
             fail(name, f"must not be negative, got {getattr(args, name)}")
     for name in ["gamma", "vtrace_lambda", "rmsprop_alpha"]:
@@ -135,8 +135,6 @@ def validate(args: Args) -> None:
             fail(name, f"must be in (0, 1], got {getattr(args, name)}")
     if args.batch_size % args.num_envs:
         fail("batch_size", f"{args.batch_size} is not a multiple of --num-envs {args.num_envs}")
-    if args.inference_timeout_ms < 0:
-        fail("inference_timeout_ms", f"must not be negative, got {args.inference_timeout_ms}")
     # Every actor always holds the buffer it is filling, and the single inference thread waits for a free one
     # when an actor's unroll completes: with fewer than actors + unrolls - 1 buffers the learner can never gather
     # a batch while every actor waits (a deadlock), so such a count is refused.
@@ -251,14 +249,12 @@ class Agent(nn.Module):
         if network == "mlp":
             self.policy, self.baseline = mlp(width, num_actions, 0.01), mlp(width, 1, 1.0)
         else:
-            self.policy = layer_init(nn.Linear(width, num_actions), 0.01)
-            self.baseline = layer_init(nn.Linear(width, 1), 1.0)
+            self.policy, self.baseline = layer_init(nn.Linear(width, num_actions), 0.01), layer_init(nn.Linear(width, 1), 1.0)
         self.return_rms = RunningMeanStd() if norm_reward else None
 
     def initial_state(self, n: int, device=None):
         """Zero LSTM state (h, c) stacked as [2, n, width]; an empty tensor without LSTM."""
-        width = self.core.hidden_size if self.core is not None else 0
-        return torch.zeros(2, n, width, device=device)
+        return torch.zeros(2, n, self.core.hidden_size if self.core is not None else 0, device=device)
 
     def forward(self, obs: torch.Tensor, valid: torch.Tensor, state: torch.Tensor):
         """obs [T, N, ...], valid [T, N] (0 on envpool's reset steps), state [2, N, H] -> logits [T, N, A],
@@ -396,11 +392,9 @@ def clip_grad(grad: torch.Tensor, max_norm: float) -> torch.Tensor:
 def trajectory_buffers(args: Args, spec, num_buffers: int, state_width: int) -> dict:
     """Unroll buffers [K, ...], filled by the inference thread, read by the training thread; the layout of
     impala.py's shared buffers (here the parameter version is the one at x_0)."""
-    T, N, A = args.unroll_length, args.num_envs, spec.action_space.n
-    obs_shape = spec.observation_space.shape
+    T, N, A, obs_shape = args.unroll_length, args.num_envs, spec.action_space.n, spec.observation_space.shape
     b = {"obs": torch.zeros((num_buffers, T + 1, N) + obs_shape, dtype=torch.uint8 if len(obs_shape) == 3 else torch.float32),
-         "actions": torch.zeros((num_buffers, T, N), dtype=torch.long),
-         "logits": torch.zeros((num_buffers, T, N, A)),
+         "actions": torch.zeros((num_buffers, T, N), dtype=torch.long), "logits": torch.zeros((num_buffers, T, N, A)),
          "state": torch.zeros((num_buffers, 2, N, state_width)),
          "meta": torch.zeros((num_buffers, 3), dtype=torch.long)}  # parameter version, actor, sequence number
     for k in ["rewards", "terms", "dones", "valid", "returns", "ep_return", "ep_length"]:
@@ -455,9 +449,8 @@ def actor_loop(actor: int, args: Args, slots: dict, conn, group=None, start_upda
         obs, r, term, trunc, info = envs.step(action)
         done = term | trunc
         # Episode statistics (Atari: raw rewards and real game over); the reset step after an end adds nothing.
-        live = ~prev_done
-        ep_return += info.get("reward", r) * live
-        ep_length += live
+        ep_return += info.get("reward", r) * ~prev_done
+        ep_length += ~prev_done
         ended = (info["terminated"].astype(bool) | trunc) if "terminated" in info else done
         ret_acc = ret_acc * args.gamma + r
         step[:] = np.stack([r, term, done, ret_acc, np.where(ended, ep_return, np.nan), ep_length,
@@ -560,12 +553,10 @@ class ActorDied(RuntimeError):
 
 def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device, video_dir: Optional[str] = None):
     """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short episodes)."""
-    envs = make_env(env_id, episodes, seed, episodic_life=False, reward_clip=False) if agent.image \
-        else make_env(env_id, episodes, seed)
+    envs = make_env(env_id, episodes, seed, **(dict(episodic_life=False, reward_clip=False) if agent.image else {}))
     obs, _ = envs.reset()
     returns, done = np.zeros(episodes), np.zeros(episodes, dtype=bool)
-    state, valid = agent.initial_state(episodes, device), torch.ones(1, episodes, device=device)
-    frames = []
+    state, valid, frames = agent.initial_state(episodes, device), torch.ones(1, episodes, device=device), []
     while not done.all():
         with torch.no_grad():
             logits, _, state = agent(torch.as_tensor(obs, device=device).unsqueeze(0), valid, state)
@@ -582,8 +573,7 @@ def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device, video_
     return returns
 
 
-def save_checkpoint(path: str, payload: dict) -> None:
-    """Atomic: write a temporary file beside the target, then rename over it."""
+def save_checkpoint(path: str, payload: dict) -> None:  # atomic: a temporary file beside the target, renamed over it
     tmp = f"{path}.tmp{os.getpid()}"
     torch.save(payload, tmp)
     os.replace(tmp, path)
@@ -623,8 +613,7 @@ def main(args: Args) -> int:
     steps_per_update = args.batch_size * args.unroll_length
     args.num_updates = max(1, args.total_timesteps // steps_per_update)
     args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
-    run_dir = os.path.join("runs", args.run_name)
-    ckpt_path = os.path.join(run_dir, "checkpoint.pt")
+    run_dir, ckpt_path = os.path.join("runs", args.run_name), os.path.join("runs", args.run_name, "checkpoint.pt")
     torch.set_num_threads(args.torch_threads or 1)
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -647,7 +636,7 @@ def main(args: Args) -> int:
         torch.backends.cudnn.deterministic = args.torch_deterministic
 
     spec = envpool.make_spec(args.env_id)
-    threshold = spec.reward_threshold
+    threshold = spec.reward_threshold  # None for envs without one
     args.norm_reward = len(spec.observation_space.shape) != 3 if args.norm_reward is None else args.norm_reward
     agent = Agent(spec.observation_space.shape, spec.action_space.n, args.network, args.use_lstm,
                   args.norm_reward).to(device)
@@ -657,10 +646,9 @@ def main(args: Args) -> int:
     elapsed_before = 0.0  # wall time of earlier segments, each from its process start (whole-run figures)
     recent, lags = deque(maxlen=20), []
     if ckpt:
-        agent.load_state_dict(ckpt["model"])
-        opt_state = ckpt["optimizer"]
+        agent.load_state_dict(ckpt["model"])  # and below: .get, for checkpoints from before whole-run times
+        opt_state, elapsed_before = ckpt["optimizer"], ckpt.get("elapsed_s", 0.0)
         global_step, wall_before = ckpt["global_step"], ckpt["wall_time_s"]
-        elapsed_before = ckpt.get("elapsed_s", 0.0)  # absent from checkpoints written before whole-run times
         time_to_threshold, threshold_step = ckpt["time_to_threshold_s"], ckpt["threshold_step"]
         recent.extend(ckpt["recent_returns"])
 
