@@ -405,8 +405,7 @@ def trajectory_buffers(args: Args, spec, num_buffers: int, state_width: int) -> 
 def actor_slots(args: Args, spec, num_actors: int) -> dict:
     """One request/response slot per actor in shared memory: the observation, what the last step gave (reward,
     terminated, done, discounted return so far, return and length of an episode that ended, NaN otherwise; the
-    actor's last wait), and
-    the action the learner answers with (-1: stop)."""
+    actor's last wait), and the action the learner answers with (-1: stop)."""
     obs_shape, N = spec.observation_space.shape, args.num_envs
     return {"obs": torch.zeros((num_actors, N) + obs_shape, dtype=torch.uint8 if len(obs_shape) == 3 else torch.float32).share_memory_(),
             "step": torch.zeros((num_actors, N, 7)).share_memory_(),
@@ -759,15 +758,12 @@ def main(args: Args) -> int:
                 writer.add_scalar("charts/episodic_return", ret, global_step)
                 writer.add_scalar("charts/episodic_length", length, global_step)
             stats, control["stats"] = control["stats"], {"batch": [], "latency": [], "wait": []}
-            for key, values in zip(inference_totals, stats.values()):
-                inference_totals[key] += [float(np.mean(values))] if values else []
-            scalars = {"charts/learning_rate": lr, "charts/SPS": sps, "charts/policy_lag": lag,
-                       "stats/learner_wait_s": wait_time, "stats/learn_time_s": learn_time,
-                       "stats/full_queue": full_q.qsize()}
-            if stats["batch"]:
-                scalars.update({"stats/inference_batch_size": np.mean(stats["batch"]),
-                                "stats/inference_latency_ms": np.mean(stats["latency"]),
-                                "stats/actor_wait_ms": np.mean(stats["wait"])})
+            means = {key: float(np.mean(v)) for key, v in zip(inference_totals, stats.values()) if v}  # {}: no batch
+            for key, value in means.items():
+                inference_totals[key].append(value)
+            scalars = {"charts/learning_rate": lr, "charts/SPS": sps, "charts/policy_lag": lag, "stats/learner_wait_s":
+                       wait_time, "stats/learn_time_s": learn_time, "stats/full_queue": full_q.qsize(),
+                       **{f"stats/{key}": value for key, value in means.items()}}
             scalars.update(zip(["losses/policy_loss", "losses/value_loss", "losses/entropy"], losses.tolist()))
             for key, value in scalars.items():
                 writer.add_scalar(key, value, global_step)
@@ -793,10 +789,9 @@ def main(args: Args) -> int:
                 writer.add_scalar("eval/episodic_return", r, i)
             import hashlib
             summary = {"algo": "seed", "env_id": args.env_id, "seed": args.seed, "world_size": world,
-                       "num_actors": args.total_actors, "global_step": global_step,
+                       "num_actors": args.total_actors, "global_step": global_step, "train_time_s": wall,
                        "wall_time_s": elapsed_before + time.time() - PROCESS_START, "sps": global_step / wall,
-                       "train_time_s": wall, "eval_return_mean": float(np.mean(eval_returns)),
-                       "eval_return_std": float(np.std(eval_returns)),
+                       "eval_return_mean": float(np.mean(eval_returns)), "eval_return_std": float(np.std(eval_returns)),
                        "train_return_last20": float(np.mean(recent)) if recent else None,
                        "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step,
                        "reward_threshold": threshold, "policy_lag_mean": float(np.mean(lags)),
@@ -820,8 +815,7 @@ def main(args: Args) -> int:
         inference.join(timeout=10)
     writer.close()
     if args.track:
-        import wandb
-        wandb.finish()
+        wandb.finish()  # imported above, with wandb.init
     if world > 1:
         if exit_code:
             os._exit(exit_code)  # torchrun stops the remote actors
