@@ -193,11 +193,6 @@ class Agent(nn.Module):
             h, state = torch.stack(outs).view(T * N, -1), torch.stack([hx, cx])
         return self.actor(h).view(T, N, -1), self.critic(h).view(T, N), state
 
-    def sample(self, out: torch.Tensor, generator) -> torch.Tensor:
-        if self.continuous:
-            return out + self.actor_logstd.exp() * torch.randn(out.shape, generator=generator)
-        return torch.multinomial(torch.softmax(out, -1), 1, generator=generator).squeeze(-1)
-
     def logprob_entropy(self, out: torch.Tensor, actions: torch.Tensor):
         """log pi(a|s) and the entropy H(pi(.|s)) for policy outputs out [..., A] and actions."""
         if self.continuous:
@@ -210,9 +205,8 @@ class Agent(nn.Module):
 
 # ----------------------------------------------------------------------------------------------- algorithm
 def nstep_returns(rewards, values, bootstrap, terms, dones, gamma: float):
-    """The paper's n-step returns over a [T, N] segment, R_t = r_t + gamma R_{t+1}, with R_T = V(s_T) = bootstrap.
-    A termination stops the bootstrap (R_t = r_t); at a truncation R_t = r_t + gamma V(final observation), the
-    observation that envpool returns with it (= values[t + 1], or bootstrap at the last step)."""
+    """The paper's n-step returns over a [T, N] segment, R_t = r_t + gamma R_{t+1}, R_T = V(s_T) = bootstrap. A termination
+    stops the bootstrap; a truncation bootstraps from envpool's final observation (values[t + 1], or bootstrap)."""
     returns, acc = torch.zeros_like(rewards), bootstrap
     for t in reversed(range(rewards.shape[0])):
         v_next = bootstrap if t == rewards.shape[0] - 1 else values[t + 1]
@@ -222,8 +216,7 @@ def nstep_returns(rewards, values, bootstrap, terms, dones, gamma: float):
 
 
 def a3c_loss(agent: Agent, seg: dict, returns, args: Args):
-    """Policy gradient with advantage R_t - V(s_t), squared-error value loss, entropy bonus beta H(pi); means over the
-    valid steps (envpool's reset steps are masked). seg: obs [T, N, ...], actions, valid [T, N], state [2, N, H]."""
+    """Policy gradient with advantage R_t - V(s_t), squared-error value loss, entropy bonus; means over valid steps."""
     out, values, _ = agent(seg["obs"], seg["valid"], seg["state"])
     logp, entropy = agent.logprob_entropy(out, seg["actions"])
     valid, n = seg["valid"], seg["valid"].sum().clamp(min=1.0)
@@ -299,7 +292,10 @@ def worker(index: int, args: Args, spec, shared: dict, counter, stop, messages, 
             seg["obs"][t], seg["valid"][t] = obs, valid
             with torch.no_grad():
                 out, value, state = agent(obs.unsqueeze(0), valid.unsqueeze(0), state)
-                action = agent.sample(out[0], generator)
+                if agent.continuous:  # sampled with the worker's own seeded generator
+                    action = out[0] + agent.actor_logstd.exp() * torch.randn(out[0].shape, generator=generator)
+                else:
+                    action = torch.multinomial(torch.softmax(out[0], -1), 1, generator=generator).squeeze(-1)
             seg["actions"][t], values[t] = action, value[0]
             env_action = np.clip(action.numpy(), *bounds) if agent.continuous else action.numpy()
             o, r, term, trunc, info = envs.step(env_action)
@@ -375,8 +371,7 @@ def main(args: Args) -> int:
     validate(args)
     args.num_workers = args.num_workers or available_cpus()
     args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
-    run_dir = os.path.join("runs", args.run_name)
-    ckpt_path = os.path.join(run_dir, "checkpoint.pt")
+    run_dir, ckpt_path = os.path.join("runs", args.run_name), os.path.join("runs", args.run_name, "checkpoint.pt")
     torch.set_num_threads(args.torch_threads)
     torch.manual_seed(args.seed)
     spec = envpool.make_spec(args.env_id)
@@ -406,67 +401,71 @@ def main(args: Args) -> int:
                                                              progress["segment"], os.getpid())) for i in range(args.num_workers)]
     for p in workers:
         p.start()
-    from torch.utils.tensorboard import SummaryWriter  # after the fork: it (and wandb) start threads
-    if args.track:
-        import wandb
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=asdict(args), name=args.run_name, id=args.run_name, resume="allow")
-    writer = SummaryWriter(run_dir, purge_step=progress["global_step"] if progress["segment"] else None)  # resume
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+    try:  # whatever ends this (an exception too), no worker outlives it: they ignore the SIGTERM of exit
+        from torch.utils.tensorboard import SummaryWriter  # after the fork: it (and wandb) start threads
+        if args.track:
+            import wandb
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                       config=asdict(args), name=args.run_name, id=args.run_name, resume="allow")
+        writer = SummaryWriter(run_dir, purge_step=progress["global_step"] if progress["segment"] else None)  # resume
+        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
 
-    def checkpoint() -> None:  # the shared tensors as they are (Hogwild: workers may be writing them)
-        save_checkpoint(ckpt_path, {"shared": {k: v.clone() for k, v in shared.items()}, "progress": {
-            **progress, "global_step": counter[0], "updates": counter[1], "recent_returns": list(recent),
-            "train_time_s": progress["train_time_s"] + time.time() - train_start,
-            "elapsed_s": progress["elapsed_s"] + time.time() - PROCESS_START}})
+        def checkpoint() -> None:  # the shared tensors as they are (Hogwild: workers may be writing them)
+            global_step, updates = counter[:]  # one read under the counter's lock: a consistent pair
+            save_checkpoint(ckpt_path, {"shared": {k: v.clone() for k, v in shared.items()}, "progress": {
+                **progress, "global_step": global_step, "updates": updates, "recent_returns": list(recent),
+                "train_time_s": progress["train_time_s"] + time.time() - train_start,
+                "elapsed_s": progress["elapsed_s"] + time.time() - PROCESS_START}})
 
-    exit_code, last_print, last_ckpt, worker_sps, exited = 0, 0.0, counter[1], {}, set()
-    # Until every worker said "exit" (no message is left unread) and ended with code 0 (a death is always seen).
-    while len(exited) < args.num_workers or any(p.exitcode != 0 for p in workers):
-        msgs = []
-        try:  # up to 256 messages per pass, waiting at most 0.2 s for the first
-            msgs.append(messages.get(timeout=0.2))
-            while len(msgs) < 256:
-                msgs.append(messages.get_nowait())
-        except queue.Empty:
-            pass
-        dead = [f"worker {i} (pid {p.pid}) exited with code {p.exitcode}" for i, p in enumerate(workers) if p.exitcode]
-        if dead:  # a dead worker ends the run, naming it
-            print(f"{os.path.basename(sys.argv[0])}: error: {dead[0]}; stopping", file=sys.stderr, flush=True)
-            exit_code = 1
-            break
-        stop.value = stop.value or int(signals["signal"] != 0)  # SIGTERM/SIGUSR1/Ctrl-C: workers end their segment
-        global_step = counter[0]
-        for msg in msgs:
-            if msg[1] == "exit":
-                exited.add(msg[0])
-            elif msg[1] == "update":
-                _, _, losses, worker_sps[msg[0]], lr = msg
-                for key, value in zip(["losses/policy_loss", "losses/value_loss", "losses/entropy",
-                                       "charts/learning_rate"], losses + [lr]):
+        exit_code, last_print, last_ckpt, worker_sps, exited = 0, 0.0, counter[1], {}, set()
+        # Until every worker said "exit" (no message is left unread) and ended with code 0 (a death is always seen).
+        while len(exited) < args.num_workers or any(p.exitcode != 0 for p in workers):
+            msgs = []
+            try:  # up to 256 messages per pass, waiting at most 0.2 s for the first
+                msgs.append(messages.get(timeout=0.2))
+                while len(msgs) < 256:
+                    msgs.append(messages.get_nowait())
+            except queue.Empty:
+                pass
+            dead = [f"worker {i} (pid {p.pid}) exited with code {p.exitcode}" for i, p in enumerate(workers) if p.exitcode]
+            if dead:  # a dead worker ends the run, naming it
+                print(f"{os.path.basename(sys.argv[0])}: error: {dead[0]}; stopping", file=sys.stderr, flush=True)
+                exit_code = 1
+                break
+            stop.value = stop.value or int(signals["signal"] != 0)  # SIGTERM/SIGUSR1/Ctrl-C: workers end their segment
+            global_step = counter.get_obj()[0]  # for logging, without the lock a killed worker may hold
+            for msg in msgs:
+                if msg[1] == "exit":
+                    exited.add(msg[0])
+                elif msg[1] == "update":
+                    _, _, losses, worker_sps[msg[0]], lr = msg
+                    for key, value in zip(["losses/policy_loss", "losses/value_loss", "losses/entropy",
+                                           "charts/learning_rate"], losses + [lr]):
+                        writer.add_scalar(key, value, global_step)
+                else:
+                    _, ret, length, step, ended_at = msg  # when the worker saw the episode end (the parent may lag)
+                    recent.append(ret)
+                    writer.add_scalar("charts/episodic_return", ret, step)
+                    writer.add_scalar("charts/episodic_length", length, step)
+                    if threshold is not None and progress["time_to_threshold_s"] is None and len(recent) == 20 \
+                            and np.mean(recent) >= threshold:
+                        progress["time_to_threshold_s"] = progress["elapsed_s"] + ended_at - PROCESS_START
+                        progress["train_time_to_threshold_s"] = progress["train_time_s"] + ended_at - train_start
+                        progress["threshold_step"] = step
+            if args.checkpoint_every and counter.get_obj()[1] - last_ckpt >= args.checkpoint_every:
+                last_ckpt = counter.get_obj()[1]
+                checkpoint()
+            if time.time() - last_print > 2.0:
+                last_print = time.time()
+                sps = (global_step - progress["global_step"]) / (time.time() - train_start)
+                for key, value in {"charts/SPS": sps, **{f"stats/worker{i}_sps": v for i, v in worker_sps.items()}}.items():
                     writer.add_scalar(key, value, global_step)
-            else:
-                _, ret, length, step, ended_at = msg  # when the worker saw the episode end (the parent may lag)
-                recent.append(ret)
-                writer.add_scalar("charts/episodic_return", ret, step)
-                writer.add_scalar("charts/episodic_length", length, step)
-                if threshold is not None and progress["time_to_threshold_s"] is None and len(recent) == 20 \
-                        and np.mean(recent) >= threshold:
-                    progress["time_to_threshold_s"] = progress["elapsed_s"] + ended_at - PROCESS_START
-                    progress["train_time_to_threshold_s"] = progress["train_time_s"] + ended_at - train_start
-                    progress["threshold_step"] = step
-        if args.checkpoint_every and counter[1] - last_ckpt >= args.checkpoint_every:
-            last_ckpt = counter[1]
-            checkpoint()
-        if time.time() - last_print > 2.0:
-            last_print = time.time()
-            sps = (global_step - progress["global_step"]) / (time.time() - train_start)
-            for key, value in {"charts/SPS": sps, **{f"stats/worker{i}_sps": v for i, v in worker_sps.items()}}.items():
-                writer.add_scalar(key, value, global_step)
-            mean = f"{np.mean(recent):.1f}" if recent else "n/a"
-            print(f"global_step={global_step} updates={counter[1]} SPS={sps:.0f} return(last {len(recent)})={mean}", flush=True)
-    for p in workers:
-        p.kill() if exit_code else p.join()
+                mean = f"{np.mean(recent):.1f}" if recent else "n/a"
+                print(f"global_step={global_step} SPS={sps:.0f} return(last {len(recent)})={mean}", flush=True)
+    finally:
+        for p in workers:
+            p.kill()  # a no-op for a worker that ended on its own
+            p.join()
     train_time = progress["train_time_s"] + time.time() - train_start
     if exit_code == 0 and signals["signal"]:  # a checkpoint; a run that had reached its steps goes on to its summary
         checkpoint()
