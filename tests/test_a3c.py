@@ -178,10 +178,10 @@ def test_lstm_state_restarts_after_a_reset_step():
     torch.testing.assert_close(out[2, 0], fresh[0, 0])
 
 
-@pytest.mark.parametrize("cpus", [1, 2, 3, 16])
-def test_default_worker_count_is_the_affinity_mask(monkeypatch, cpus):
+@pytest.mark.parametrize("cpus", [1, 2, 3, 4, 16])
+def test_default_worker_count_is_the_affinity_mask_capped_at_4(monkeypatch, cpus):
     monkeypatch.setattr(a3c.os, "sched_getaffinity", lambda pid: set(range(cpus)))
-    assert a3c.available_cpus() == cpus
+    assert a3c.default_num_workers() == min(cpus, 4)
 
 
 # ------------------------------------------------------------------------------------------ runs
