@@ -234,6 +234,17 @@ def test_sigterm_checkpoint_resume(runner):
     assert s["global_step"] >= 300000 and s["updates"] * 40 == s["global_step"]
 
 
+def test_torchrun_is_refused_with_one_line(runner):
+    """A3C is one node by design (docs: IMPALA and DD-PPO for many): a rank started by torchrun exits 2 naming the
+    flag that spawns workers instead, before anything starts."""
+    import subprocess
+    import sys
+    from conftest import ALGOS, child_env
+    proc = subprocess.run([sys.executable, str(ALGOS / "a3c.py")], cwd=runner.cwd, capture_output=True, text=True,
+                          env=dict(child_env(), WORLD_SIZE="2", RANK="0", LOCAL_RANK="0"), timeout=60)
+    assert_bad_argument(proc, "num-workers", runner.cwd)
+
+
 @pytest.mark.parametrize("args,name", bad_cases([
     (["--seed", -1], "seed"), (["--env-id", "NoSuchEnv-v0"], "env-id"), (["--t-max", 0], "t-max"),
     (["--num-workers", -1], "num-workers"), (["--gamma", 1.5], "gamma"), (["--rmsprop-eps", 0], "rmsprop-eps"),
