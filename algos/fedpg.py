@@ -1,12 +1,10 @@
 # docs: docs/fedpg.md | paper: https://arxiv.org/abs/2110.14074
-"""Federated policy gradient: FedAvg (McMahan et al., 2017) and FedPG-BR (Fan et al., 2021), with robust baselines.
+"""Federated policy gradient: FedAvg (McMahan et al., 2017), FedPG-BR (Fan et al., 2021) and robust baselines.
 
-K clients learn one policy together. Each round the server (rank 0) sends the global parameters theta to every
-client; each client samples trajectories in its own environments and sends back only a model update (its
-parameters after E local policy-gradient steps for fedavg/median/trimmed-mean, its policy gradient for fedpg-br),
-never an observation, action or reward. The server aggregates: a sample-weighted average (fedavg), a coordinate-
-wise median or trimmed mean, or FedPG-BR's Byzantine filter followed by its variance-reduced (SCSG) inner loop on
-trajectories the server samples itself. `--num-byzantine M` clients corrupt their updates (`--attack`).
+Each round the server (rank 0) sends theta to the K clients; each samples trajectories in its own environments and
+sends back only a model update, never an observation, action or reward. The server aggregates them: a sample-
+weighted average (fedavg), a coordinate-wise median or trimmed mean, or FedPG-BR's Byzantine filter followed by its
+variance-reduced (SCSG) inner loop on trajectories of its own. `--num-byzantine M` clients send corrupt updates.
 
   python algos/fedpg.py                                                 # 10 clients (fedavg), CartPole-v1
   python algos/fedpg.py --aggregator fedpg-br --num-byzantine 3 --attack sign-flip
@@ -114,28 +112,22 @@ def validate(args: Args) -> None:
     for name in ["learning_rate", "max_grad_norm", "num_byzantine", "num_workers", "checkpoint_every"]:
         if getattr(args, name) < 0:
             fail(name, f"must not be negative, got {getattr(args, name)}")
-    for name in ["gamma", "delta"]:
-        if not 0 < getattr(args, name) <= 1:
-            fail(name, f"must be in (0, 1], got {getattr(args, name)}")
-    if not 0 < args.alpha < 0.5:
-        fail("alpha", f"must be in (0, 0.5), got {args.alpha}")
+    for name, hi in [("gamma", 1.0), ("delta", 1.0), ("alpha", 0.4999)]:
+        if not 0 < getattr(args, name) <= hi:
+            fail(name, f"must be in (0, {hi:.2g}], got {getattr(args, name)}")
     if 2 * args.num_byzantine >= args.num_clients:
         fail("num_byzantine", f"must be below half of --num-clients ({args.num_clients}), got {args.num_byzantine}")
     if not 0 <= args.trim_fraction < 0.5 or 2 * int(args.trim_fraction * args.num_clients) >= args.num_clients:
         fail("trim_fraction", f"must be in [0, 0.5) and leave a client untrimmed, got {args.trim_fraction}")
     if args.aggregator == "fedpg-br" and args.local_updates != 1:
         fail("local_updates", "fedpg-br clients send one gradient per round; leave it at 1")
-    if not 0 <= args.heterogeneity < 1:
-        fail("heterogeneity", f"must be in [0, 1), got {args.heterogeneity}")
-    if args.heterogeneity and args.env_id != "CartPole-v1":
-        fail("heterogeneity", "varies CartPole's pole length (gymnasium's own CartPole); use --env-id CartPole-v1")
+    if not 0 <= args.heterogeneity < 1 or (args.heterogeneity and args.env_id != "CartPole-v1"):
+        fail("heterogeneity", f"must be in [0, 1) and varies CartPole-v1's pole length, got {args.heterogeneity}")
     if any(h <= 0 for h in args.hidden_sizes):
         fail("hidden_sizes", f"must be positive, got {args.hidden_sizes}")
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if "WORLD_SIZE" in os.environ and args.num_workers > 1:
-        fail("num_workers", "under torchrun every rank is a worker; leave --num-workers at 0")
-    if max(world, args.num_workers) > args.num_clients:
-        fail("num_workers", f"{max(world, args.num_workers)} processes for {args.num_clients} clients: one would host none")
+    processes = int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else args.num_workers
+    if "WORLD_SIZE" in os.environ and args.num_workers > 1 or processes > args.num_clients:
+        fail("num_workers", f"{processes} processes for {args.num_clients} clients (under torchrun: leave it at 0)")
     if args.capture_video:  # kept in Args for the common block
         fail("capture_video", "not supported here (vector-observation tasks only)")
     if args.env_id not in envpool.list_all_envs():
@@ -150,9 +142,8 @@ def validate(args: Args) -> None:
 
 # ----------------------------------------------------------------------------------------------- environment
 def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, pole_scale: Optional[float] = None):
-    """A batch of `num_envs` envs, env i seeded with seed + i: envpool's, or (pole_scale given) gymnasium's own
-    vectorized CartPole with its pole length scaled, since envpool's classic-control physics is fixed. Both
-    autoreset on the next step."""
+    """`num_envs` envs, env i seeded with seed + i: envpool's, or (pole_scale given) gymnasium's vectorized CartPole
+    with a scaled pole, since envpool's classic-control physics is fixed. Both autoreset on the next step."""
     if pole_scale is not None:
         from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
         envs = CartPoleVectorEnv(num_envs)
@@ -165,12 +156,10 @@ def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, pole_s
 
 
 def pole_scale(args: Args, client: int) -> Optional[float]:
-    """Client k's pole-length factor 1 + h (2k / (K - 1) - 1), spread evenly over [1 - h, 1 + h]; None (envpool's
-    standard CartPole) without --heterogeneity."""
-    K = args.num_clients
+    """Client k's pole-length factor 1 + h (2k / (K - 1) - 1), spread over [1 - h, 1 + h]; None without h."""
     if not args.heterogeneity:
         return None
-    return 1.0 + args.heterogeneity * (2 * client / (K - 1) - 1) if K > 1 else 1.0
+    return 1.0 + args.heterogeneity * (2 * client / (args.num_clients - 1) - 1) if args.num_clients > 1 else 1.0
 
 
 def client_env_seed(args: Args, round_: int, local_update: int, client: int) -> int:
@@ -186,9 +175,8 @@ def byzantine_clients(seed: int, K: int, M: int) -> list:
 
 # ----------------------------------------------------------------------------------------------- networks
 class Policy:
-    """Stochastic tanh MLP on a flat parameter vector theta (what travels between server and clients): a
-    categorical policy for Discrete actions, a diagonal Gaussian with state-independent log-std (the last
-    entries of theta) for Box actions."""
+    """Stochastic tanh MLP on a flat parameter vector theta (what server and clients exchange): categorical for
+    Discrete actions, diagonal Gaussian with state-independent log-std (theta's last entries) for Box actions."""
 
     def __init__(self, obs_dim: int, action_space, hidden_sizes=(16, 16)):
         self.continuous = isinstance(action_space, gym.spaces.Box)
@@ -201,8 +189,7 @@ class Policy:
             self.high = torch.as_tensor(action_space.high, dtype=torch.float32)
 
     def init_params(self) -> torch.Tensor:
-        """Orthogonal weights (gain sqrt 2, 0.01 for the output layer), zero biases, log-std 0; call after
-        torch.manual_seed(seed) so that every process builds the same theta."""
+        """Orthogonal weights (gain sqrt 2; 0.01 for the output layer), zero biases, log-std 0."""
         chunks = []
         for k, (o, i) in enumerate(self.shapes):
             w = torch.nn.init.orthogonal_(torch.empty(o, i), 0.01 if k == len(self.shapes) - 1 else math.sqrt(2))
@@ -218,15 +205,11 @@ class Policy:
             h = torch.tanh(h) if k < len(self.shapes) - 1 else h
         return h
 
-    def distribution(self, theta: torch.Tensor, obs: torch.Tensor):
+    def log_prob(self, theta: torch.Tensor, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         out = self.forward(theta, obs)
         if self.continuous:
-            return torch.distributions.Normal(out, theta[-self.n_out:].exp().expand_as(out))
-        return torch.distributions.Categorical(logits=out)
-
-    def log_prob(self, theta: torch.Tensor, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        lp = self.distribution(theta, obs).log_prob(actions)
-        return lp.sum(-1) if self.continuous else lp
+            return torch.distributions.Normal(out, theta[-self.n_out:].exp().expand_as(out)).log_prob(actions).sum(-1)
+        return torch.distributions.Categorical(logits=out).log_prob(actions)
 
     def sample(self, theta: torch.Tensor, obs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         out = self.forward(theta, obs)
@@ -241,10 +224,8 @@ class Policy:
 
 # ----------------------------------------------------------------------------------------------- algorithm
 def trajectory_weights(rewards: torch.Tensor, valid: torch.Tensor, gamma: float) -> torch.Tensor:
-    """Per-step weights of the policy gradient, [T, N] for N trajectories along time: the discounted reward-to-go
-    sum_{h >= t} gamma^(h - t) r_h of each step, standardized over its own trajectory's steps (a per-trajectory
-    baseline, as in the authors' code), 0 outside the trajectory (valid = 0). Each trajectory's weights depend on it
-    alone, so a batch's gradient is a sum of independent per-trajectory terms."""
+    """Weights w_t [T, N] of N trajectories: the reward-to-go sum_{h >= t} gamma^(h - t) r_h, standardized over its
+    own trajectory's steps (as the authors' code), 0 outside it (valid = 0): each depends on its trajectory alone."""
     G, running = torch.zeros_like(rewards), torch.zeros_like(rewards[0])
     for t in range(rewards.shape[0] - 1, -1, -1):
         running = rewards[t] * valid[t] + gamma * running * valid[t]
@@ -256,8 +237,7 @@ def trajectory_weights(rewards: torch.Tensor, valid: torch.Tensor, gamma: float)
 
 
 def policy_gradient(policy: Policy, theta: torch.Tensor, batch: dict, gamma: float) -> torch.Tensor:
-    """The policy-gradient estimate at theta from a batch of trajectories: the gradient of the mean over the
-    batch's steps of log pi(a_t | s_t) w_t (ascent direction)."""
+    """The gradient (ascent direction) at theta of the mean over the batch's steps of log pi(a_t | s_t) w_t."""
     th = theta.detach().requires_grad_()
     m = batch["valid"].bool()
     w = trajectory_weights(batch["rewards"], batch["valid"], gamma)[m]
@@ -265,41 +245,29 @@ def policy_gradient(policy: Policy, theta: torch.Tensor, batch: dict, gamma: flo
     return torch.autograd.grad(J, th)[0]
 
 
-def importance_weights(policy: Policy, theta_0, theta_n, batch: dict) -> torch.Tensor:
-    """omega(tau | theta_n, theta_0) = p(tau | theta_0) / p(tau | theta_n) = prod_t pi_theta_0(a_t|s_t) /
-    pi_theta_n(a_t|s_t) over each trajectory's steps (the dynamics cancel), one per trajectory [N]."""
-    m = batch["valid"].bool()
-    with torch.no_grad():
-        diff = torch.zeros(m.shape)
-        diff[m] = policy.log_prob(theta_0, batch["obs"][m], batch["actions"][m]) - \
-            policy.log_prob(theta_n, batch["obs"][m], batch["actions"][m])
-    return diff.sum(0).exp()
-
-
 def semi_stochastic_gradient(policy: Policy, theta_0, theta_n, mu, batch: dict, gamma: float):
-    """FedPG-BR's inner-loop direction v_n = 1/b sum_j [g(tau_j | theta_n) - omega(tau_j | theta_n, theta_0)
-    g(tau_j | theta_0)] + mu on the server's b trajectories sampled with theta_n (gradients as policy_gradient's:
-    a mean over the mini-batch's steps). Returns v_n and the importance weights."""
-    omega = importance_weights(policy, theta_0, theta_n, batch)
+    """FedPG-BR's inner-loop direction v_n = 1/b sum_j [g(tau_j | theta_n) - omega_j g(tau_j | theta_0)] + mu on b
+    trajectories sampled with theta_n (g as in policy_gradient), with importance weights omega_j = p(tau_j | theta_0)
+    / p(tau_j | theta_n) = prod_t pi_theta_0(a_t|s_t) / pi_theta_n(a_t|s_t) (the dynamics cancel). Returns v_n, omega."""
     m = batch["valid"].bool()
     w = trajectory_weights(batch["rewards"], batch["valid"], gamma)
     th_n, th_0 = theta_n.detach().requires_grad_(), theta_0.detach().requires_grad_()
-    obs, act = batch["obs"][m], batch["actions"][m]
-    g_n = torch.autograd.grad((policy.log_prob(th_n, obs, act) * w[m]).sum() / m.sum(), th_n)[0]
-    g_0 = torch.autograd.grad((policy.log_prob(th_0, obs, act) * (omega * w)[m]).sum() / m.sum(), th_0)[0]
+    lp_n, lp_0 = policy.log_prob(th_n, batch["obs"][m], batch["actions"][m]), policy.log_prob(th_0, batch["obs"][m], batch["actions"][m])
+    log_ratio = torch.zeros(m.shape)
+    log_ratio[m] = (lp_0 - lp_n).detach()
+    omega = log_ratio.sum(0).exp()
+    g_n = torch.autograd.grad((lp_n * w[m]).sum() / m.sum(), th_n)[0]
+    g_0 = torch.autograd.grad((lp_0 * (omega * w)[m]).sum() / m.sum(), th_0)[0]
     return g_n - g_0 + mu, omega
 
 
 def byzantine_filter(mu: torch.Tensor, B: int, sigma: float, delta: float, alpha: float):
-    """FedPG-BR's filter (Algorithm 1) on the K gradients mu [K, D]. R1: with T_mu = 2 sigma sqrt(V / B) and
-    V = 2 log(2K / delta), S is the set of gradients within T_mu of more than K/2 gradients (itself included);
-    mu_mom is the member of S closest to S's mean, and G keeps the gradients within T_mu of mu_mom. R2: if
-    |G| < (1 - alpha) K, the same with radius 2 sigma. Returns the mask of G (all False if S is empty) and
-    whether R2 was used."""
-    K = mu.shape[0]
-    V = 2 * math.log(2 * K / delta)
-    T_mu = 2 * sigma * math.sqrt(V / B)
-    mu = mu.double()
+    """FedPG-BR's filter (Algorithm 1) on the K gradients mu [K, D]. R1: T_mu = 2 sigma sqrt(V / B), V = 2 log(2K /
+    delta); S = the gradients within T_mu of more than K/2 gradients (itself included); mu_mom = the member of S
+    closest to S's mean; G = the gradients within T_mu of mu_mom. R2: if |G| < (1 - alpha) K, the same with radius
+    2 sigma. Returns G's mask (all False if S is empty) and whether R2 was used."""
+    K, mu = mu.shape[0], mu.double()
+    T_mu = 2 * sigma * math.sqrt(2 * math.log(2 * K / delta) / B)
     dist_ = (mu[:, None, :] - mu[None, :, :]).norm(dim=-1)
 
     def keep(radius: float) -> torch.Tensor:
@@ -339,8 +307,8 @@ def clip_norm(v: torch.Tensor, max_norm: float) -> torch.Tensor:
 
 
 def corrupt(u: torch.Tensor, attack: str, generator: torch.Generator) -> torch.Tensor:
-    """What a Byzantine client sends instead of its update u. sign-flip: -2.5 u; random-noise: u plus noise uniform
-    in +-3 (max u - min u) per coordinate (the authors' code); random-action changes the sampling, not u."""
+    """What a Byzantine client sends instead of u: sign-flip -2.5 u; random-noise u plus noise uniform in +-3 (max u -
+    min u) per coordinate (the authors' code); random-action changes the sampling, not u."""
     if attack == "sign-flip":
         return -2.5 * u
     if attack == "random-noise":
@@ -349,22 +317,23 @@ def corrupt(u: torch.Tensor, attack: str, generator: torch.Generator) -> torch.T
 
 
 # ----------------------------------------------------------------------------------------------- roles
-def sample_trajectories(policy: Policy, theta, envs, num: int, max_steps: int, generator, random_actions=False):
-    """One trajectory from a fresh reset in each of the `num` envs, all stepped together with one batched forward
-    pass per step until every first episode has ended; steps after an env's episode end (envpool's reset step, the
-    next episode) are masked out (valid = 0). Returns obs, actions, rewards, valid along time [T, num, ...]."""
+def sample_trajectories(policy: Policy, theta, envs, num: int, max_steps: int, generator=None, mode="sample"):
+    """One trajectory from a fresh reset in each of the `num` envs, stepped together (one batched forward pass per
+    step) until every first episode has ended; later steps (envpool's reset step, the next episode) are masked out
+    (valid = 0). Actions: sampled, greedy, or uniformly random (the random-action attack). Returns obs, actions,
+    rewards, valid along time [T, num, ...]."""
     obs, _ = envs.reset()
     alive = np.ones(num, dtype=bool)
     buf = {"obs": [], "actions": [], "rewards": [], "valid": []}
     for _ in range(max_steps):
         o = torch.as_tensor(obs, dtype=torch.float32)
         with torch.no_grad():
-            if random_actions and policy.continuous:
+            if mode == "random" and policy.continuous:
                 a = policy.low + (policy.high - policy.low) * torch.rand((num, policy.n_out), generator=generator)
-            elif random_actions:
+            elif mode == "random":
                 a = torch.randint(policy.n_out, (num,), generator=generator)
             else:
-                a = policy.sample(theta, o, generator)
+                a = policy.sample(theta, o, generator) if mode == "sample" else policy.greedy(theta, o)
         act = torch.maximum(torch.minimum(a, policy.high), policy.low).numpy() if policy.continuous else a.numpy()
         obs, r, term, trunc, _ = envs.step(act)
         for key, value in zip(buf, (o, a, torch.as_tensor(r, dtype=torch.float32), torch.as_tensor(alive, dtype=torch.float32))):
@@ -375,42 +344,34 @@ def sample_trajectories(policy: Policy, theta, envs, num: int, max_steps: int, g
     return {key: torch.stack(value) for key, value in buf.items()}
 
 
-def episode_stats(batch: dict):
-    """Returns and lengths of the batch's trajectories (numpy [N])."""
-    return (batch["rewards"] * batch["valid"]).sum(0).numpy(), batch["valid"].sum(0).numpy()
-
-
 def client_update(args: Args, policy: Policy, theta, eta: float, round_: int, client: int, byzantine: bool,
                   max_steps: int):
-    """One client's round: E local steps of gradient ascent from the global theta on its own trajectories (fedpg-br:
-    its gradient at theta instead), corrupted if the client is Byzantine. Returns the update u (fedavg/median/
-    trimmed-mean: theta_k - theta; fedpg-br: mu_k), its env steps, and its trajectories' returns and lengths."""
+    """One client's round: E local gradient-ascent steps from the global theta on its own trajectories, or (fedpg-br)
+    its gradient at theta; corrupted if the client is Byzantine. Returns the update u (theta_k - theta, or fedpg-br's
+    mu_k), its env steps and its trajectories' returns."""
     generator = torch.Generator().manual_seed(int(np.random.SeedSequence([args.seed, round_, client]).generate_state(1)[0]))
-    theta_k, steps, returns, lengths = theta.clone(), 0, [], []
+    theta_k, steps, returns = theta.clone(), 0, []
     for e in range(args.local_updates):
         envs = make_env(args.env_id, args.B, client_env_seed(args, round_, e, client), args.env_threads,
                         pole_scale(args, client))
         batch = sample_trajectories(policy, theta_k, envs, args.B, max_steps, generator,
-                                    random_actions=byzantine and args.attack == "random-action")
+                                    "random" if byzantine and args.attack == "random-action" else "sample")
         envs.close()
-        ret, length = episode_stats(batch)
-        steps, returns, lengths = steps + int(length.sum()), returns + ret.tolist(), lengths + length.tolist()
+        steps, returns = steps + int(batch["valid"].sum()), returns + (batch["rewards"] * batch["valid"]).sum(0).tolist()
         g = policy_gradient(policy, theta_k, batch, args.gamma)
         if args.aggregator == "fedpg-br":
             u = g
         else:
             theta_k = theta_k + eta * clip_norm(g, args.max_grad_norm)
             u = theta_k - theta
-    return (corrupt(u, args.attack, generator) if byzantine else u), steps, returns, lengths
+    return (corrupt(u, args.attack, generator) if byzantine else u), steps, returns
 
 
 def server_update(args: Args, policy: Policy, theta, eta: float, u: torch.Tensor, steps: torch.Tensor, round_: int,
                   server_trajectories: int, max_steps: int):
-    """The server's aggregation of the K updates u [K, D] into the next theta. fedpg-br: the Byzantine filter, mu_t =
-    mean of the kept gradients, N_t ~ Geom(B / (B + b)) (P(N_t = n) = (B/(B+b))^n b/(B+b), mean B/b), then N_t
-    steps theta_{n+1} = theta_n + eta v_n with v_0 = mu_t (the mini-batch terms cancel at theta_0, so no
-    trajectories are sampled for it) and v_n from b trajectories the server samples with theta_n. Returns theta and
-    a dict of statistics (kept mask, N_t, importance weights, server trajectories and steps)."""
+    """The K updates u [K, D] -> the next theta, and statistics. fedpg-br: the filter, mu_t = mean of the kept
+    gradients, then N_t steps theta_{n+1} = theta_n + eta v_n, v_0 = mu_t (at theta_0 the mini-batch terms cancel,
+    so none is sampled for it), v_n from b trajectories the server samples with theta_n."""
     info = {"kept": torch.ones(u.shape[0], dtype=torch.bool), "N_t": 0, "omega_max": 1.0, "r2": False,
             "server_trajectories": 0, "server_steps": 0}
     if args.aggregator == "fedavg":
@@ -443,20 +404,8 @@ def server_update(args: Args, policy: Policy, theta, eta: float, u: torch.Tensor
 
 def evaluate(policy: Policy, theta, env_id: str, episodes: int, seed: int, max_steps: int):
     """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short episodes)."""
-    envs = make_env(env_id, episodes, seed)
-    obs, _ = envs.reset()
-    returns, done = np.zeros(episodes), np.zeros(episodes, dtype=bool)
-    for _ in range(max_steps):
-        with torch.no_grad():
-            a = policy.greedy(theta, torch.as_tensor(obs, dtype=torch.float32))
-        obs, r, term, trunc, _ = envs.step(torch.maximum(torch.minimum(a, policy.high), policy.low).numpy()
-                                           if policy.continuous else a.numpy())
-        returns += r * ~done
-        done |= term | trunc
-        if done.all():
-            break
-    envs.close()
-    return returns
+    batch = sample_trajectories(policy, theta, make_env(env_id, episodes, seed), episodes, max_steps, mode="greedy")
+    return (batch["rewards"] * batch["valid"]).sum(0).numpy()
 
 
 def save_checkpoint(path: str, payload: dict) -> None:
@@ -513,10 +462,9 @@ def spawn_workers(args: Args, num_workers: int) -> int:
 def main(args: Args) -> int:
     warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")  # envpool's spaces
     validate(args)
-    if "WORLD_SIZE" not in os.environ:
-        num_workers = args.num_workers or min(args.num_clients, available_cpus())
-        if num_workers > 1:
-            return spawn_workers(args, num_workers)
+    num_workers = args.num_workers or min(args.num_clients, available_cpus())
+    if "WORLD_SIZE" not in os.environ and num_workers > 1:
+        return spawn_workers(args, num_workers)
     setup_distributed(args)
     args.learning_rate = args.learning_rate or (2.0 if args.aggregator == "fedpg-br" else 8.0)
     rank, world, K = args.rank, args.world_size, args.num_clients
@@ -532,22 +480,22 @@ def main(args: Args) -> int:
     torch.manual_seed(args.seed)
     theta = policy.init_params()
     byzantine = byzantine_clients(args.seed, K, args.num_byzantine)
+    honest = torch.tensor([k not in byzantine for k in range(K)])
     per_rank = math.ceil(K / world)  # this process hosts a contiguous block of clients; blocks padded to one length
     mine = range(min(rank * per_rank, K), min((rank + 1) * per_rank, K))
-    round_, global_step, trajectories, server_trajectories, wall_before = 0, 0, 0, 0, 0.0
-    time_to_threshold, threshold_step, threshold_trajectories = None, None, None
+    # The run's counters (all a resumed run needs besides theta: trajectories and random draws follow from (seed,
+    # round)); kept_* sum the fractions of Byzantine and honest clients the server kept.
+    state = dict(round=0, global_step=0, trajectories=0, server_trajectories=0, wall_time_s=0.0, time_to_threshold_s=None,
+                 threshold_step=None, threshold_trajectories=None, kept_byzantine=0.0, kept_honest=0.0, recent_returns=[])
     recent = deque(maxlen=max(20, args.B * args.local_updates * (K - args.num_byzantine)))
     # Rank 0 reads the checkpoint and sends it to the other ranks: nodes need no shared filesystem.
     box = [torch.load(ckpt_path, weights_only=True) if args.resume and rank == 0 and os.path.exists(ckpt_path) else None]
     if world > 1:
         dist.broadcast_object_list(box, 0)
-    ckpt = box[0]
-    if ckpt is not None:
-        theta, round_, global_step, trajectories = ckpt["theta"], ckpt["round"], ckpt["global_step"], ckpt["trajectories"]
-        server_trajectories, wall_before = ckpt["server_trajectories"], ckpt["wall_time_s"]
-        time_to_threshold, threshold_step = ckpt["time_to_threshold_s"], ckpt["threshold_step"]
-        threshold_trajectories = ckpt["threshold_trajectories"]
-        recent.extend(ckpt["recent_returns"])
+    if box[0] is not None:
+        theta = box[0].pop("theta")
+        state.update(box[0])
+        recent.extend(state["recent_returns"])
 
     writer = None
     if rank == 0:
@@ -556,7 +504,7 @@ def main(args: Args) -> int:
             import wandb
             wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
                        config=asdict(args), name=args.run_name, id=args.run_name, resume="allow")
-        writer = SummaryWriter(run_dir, purge_step=global_step if ckpt is not None else None)
+        writer = SummaryWriter(run_dir, purge_step=state["global_step"] if box[0] is not None else None)
         writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
         writer.add_text("byzantine_clients", str(byzantine))
         print(f"{K} clients on {world} process(es); Byzantine clients ({args.attack}): {byzantine or 'none'}", flush=True)
@@ -565,112 +513,107 @@ def main(args: Args) -> int:
     for sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, lambda signum, frame: stop.update(signal=signum))
 
-    def checkpoint():  # everything a resumed run needs; trajectories and random draws follow from (seed, round)
-        save_checkpoint(ckpt_path, dict(theta=theta, round=round_, global_step=global_step, trajectories=trajectories,
-                        server_trajectories=server_trajectories, wall_time_s=wall_before + time.time() - PROCESS_START,
-                        recent_returns=list(recent), time_to_threshold_s=time_to_threshold,
-                        threshold_step=threshold_step, threshold_trajectories=threshold_trajectories))
+    def checkpoint():
+        save_checkpoint(ckpt_path, dict(state, theta=theta, recent_returns=list(recent),
+                                        wall_time_s=state["wall_time_s"] + time.time() - PROCESS_START))
 
-    # What crosses the wire each round: theta down to every client, and from every client one row up with its
-    # update and 4 numbers (client id, env steps, number and sum of its returns, for the server's logs). Never
+    # What crosses the wire each round: theta down to every client; up from every client one row, its update and
+    # META numbers (client id, env steps, number and sum of its episodes' returns, for the logs). Never
     # observations, actions or per-step rewards.
     META = 4
     bytes_down, bytes_up = D * 4, (D + META) * 4
-    train_start, last_print, steps_at_start, sps = time.time(), 0.0, global_step, 0.0
-    kept_byz, kept_honest = [], []
+    train_start, last_print, steps_at_start, sps = time.time(), 0.0, state["global_step"], 0.0
     while True:
-        # One collective carries theta and the loop's control from rank 0, and the signal flags of every rank.
+        # One collective carries theta, eta_t and the stop decision from rank 0, and every rank's signal flag.
         head = torch.zeros(D + 3, dtype=torch.float64)
         if rank == 0:
-            head[:D], head[D] = theta, float(global_step >= args.total_timesteps)
-            head[D + 2] = args.learning_rate * (1 - global_step / args.total_timesteps if args.anneal_lr else 1)
+            done = state["global_step"] / args.total_timesteps
+            head[:D], head[D], head[D + 2] = theta, float(done >= 1), args.learning_rate * (1 - done if args.anneal_lr else 1)
         head[D + 1] = float(stop["signal"] != 0)
         if world > 1:
             dist.all_reduce(head)
         theta, eta = head[:D].float(), float(head[D + 2])
         if head[D] > 0 or head[D + 1] > 0:
             break
-        if rank == 0 and args.checkpoint_every and round_ % args.checkpoint_every == 0 and global_step > steps_at_start:
+        if rank == 0 and args.checkpoint_every and state["round"] % args.checkpoint_every == 0 and state["global_step"] > steps_at_start:
             checkpoint()
-        t0 = time.time()
-        rows = torch.zeros(per_rank, META + D)
+        t0, rows = time.time(), torch.zeros(per_rank, META + D)
         rows[:, 0] = -1  # padding rows
         for j, k in enumerate(mine):
-            u, steps, rets, _ = client_update(args, policy, theta, eta, round_, k, k in byzantine, max_steps)
-            rows[j, :META] = torch.tensor([k, steps, len(rets), sum(rets) if k not in byzantine else float("nan")])
-            rows[j, META:] = u
+            u, steps, rets = client_update(args, policy, theta, eta, state["round"], k, k in byzantine, max_steps)
+            rows[j, :META], rows[j, META:] = torch.tensor([k, steps, len(rets), sum(rets)]), u
         client_time = time.time() - t0
         if world > 1:
             gathered = [torch.empty_like(rows) for _ in range(world)] if rank == 0 else None
             dist.gather(rows, gathered, dst=0)
             rows = torch.cat(gathered) if rank == 0 else rows
-        round_ += 1
+        state["round"] += 1
         if rank != 0:
             continue
         rows = rows[rows[:, 0] >= 0]
         assert torch.equal(rows[:, 0], torch.arange(K, dtype=torch.float32))
         t1 = time.time()
-        theta, info = server_update(args, policy, theta, eta, rows[:, META:], rows[:, 1], round_ - 1, server_trajectories,
-                                    max_steps)
+        theta, info = server_update(args, policy, theta, eta, rows[:, META:], rows[:, 1], state["round"] - 1,
+                                    state["server_trajectories"], max_steps)
         server_time = time.time() - t1
-        honest = torch.tensor([k not in byzantine for k in range(K)])
-        global_step += int(rows[:, 1].sum()) + info["server_steps"]
-        trajectories += args.B * args.local_updates
-        server_trajectories += info["server_trajectories"]
-        round_return = float(rows[honest, 3].sum() / rows[honest, 2].sum())
+        state["global_step"] += int(rows[:, 1].sum()) + info["server_steps"]
+        state["trajectories"] += args.B * args.local_updates
+        state["server_trajectories"] += info["server_trajectories"]
+        kept_byzantine, kept_honest = float(info["kept"][~honest].float().mean()), float(info["kept"][honest].float().mean())
+        state["kept_byzantine"] += kept_byzantine if byzantine else 0.0
+        state["kept_honest"] += kept_honest
+        round_return = float(rows[honest, 3].sum() / rows[honest, 2].sum())  # honest clients' episodes
         recent.extend([round_return] * int(rows[honest, 2].sum()))  # clients report the sum, not the episodes
-        if threshold is not None and time_to_threshold is None and np.mean(recent) >= threshold:
-            time_to_threshold, threshold_step = time.time() - PROCESS_START + wall_before, global_step
-            threshold_trajectories = trajectories
-        if byzantine:
-            kept_byz.append(float(info["kept"][~honest].float().mean()))
-        kept_honest.append(float(info["kept"][honest].float().mean()))
+        if threshold is not None and state["time_to_threshold_s"] is None and np.mean(recent) >= threshold:
+            state.update(time_to_threshold_s=state["wall_time_s"] + time.time() - PROCESS_START,
+                         threshold_step=state["global_step"], threshold_trajectories=state["trajectories"])
         now = time.time()
-        sps = (global_step - steps_at_start) / (now - train_start)
+        sps = (state["global_step"] - steps_at_start) / (now - train_start)
         scalars = {"charts/episodic_return": round_return, "charts/SPS": sps, "charts/learning_rate": eta,
-                   "charts/trajectories_per_client": trajectories, "losses/theta_norm": float(theta.norm()),
+                   "charts/trajectories_per_client": state["trajectories"], "losses/theta_norm": float(theta.norm()),
                    "losses/update_norm_median": float(rows[:, META:].norm(dim=1).median()),
                    "stats/bytes_per_client_up": bytes_up, "stats/bytes_per_client_down": bytes_down,
                    "stats/bytes_per_round": K * (bytes_up + bytes_down), "stats/client_time_s": client_time,
-                   "stats/server_time_s": server_time, "stats/round": round_,
-                   "stats/kept_honest": kept_honest[-1], "stats/N_t": info["N_t"], "stats/omega_max": info["omega_max"],
-                   "stats/filter_r2": float(info["r2"]), "stats/server_trajectories": server_trajectories}
-        if byzantine:
-            scalars["stats/kept_byzantine"] = kept_byz[-1]
+                   "stats/server_time_s": server_time, "stats/round": state["round"], "stats/kept_honest": kept_honest,
+                   **({"stats/kept_byzantine": kept_byzantine} if byzantine else {}), "stats/N_t": info["N_t"],
+                   "stats/omega_max": info["omega_max"], "stats/filter_r2": float(info["r2"]),
+                   "stats/server_trajectories": state["server_trajectories"]}
         for key, value in scalars.items():
-            writer.add_scalar(key, value, global_step)
+            writer.add_scalar(key, value, state["global_step"])
         if now - last_print > 2.0:
             last_print = now
-            print(f"round {round_} global_step={global_step} SPS={sps:.0f} trajectories/client={trajectories} "
-                  f"return={round_return:.1f} kept={int(info['kept'].sum())}/{K} N_t={info['N_t']} omega_max={info['omega_max']:.3g}", flush=True)
+            print(f"round {state['round']} global_step={state['global_step']} SPS={sps:.0f} trajectories/client="
+                  f"{state['trajectories']} return={round_return:.1f} kept={int(info['kept'].sum())}/{K}", flush=True)
     if head[D + 1] > 0:  # SIGTERM/SIGUSR1 on some rank (SLURM preemption): save, then exit cleanly
         if rank == 0:
             checkpoint()
-            print(f"signal received: checkpoint of round {round_} written to {ckpt_path}; rerun with --resume", flush=True)
+            print(f"signal received: checkpoint of round {state['round']} written to {ckpt_path}; rerun with --resume")
     elif rank == 0:
-        wall = wall_before + time.time() - PROCESS_START
         eval_returns = evaluate(policy, theta, args.env_id, args.eval_episodes, args.seed + 10**6, max_steps)
         for i, r in enumerate(eval_returns):
             writer.add_scalar("eval/episodic_return", r, i)
+        rounds = max(state["round"], 1)
         summary = {"algo": "fedpg", "aggregator": args.aggregator, "env_id": args.env_id, "seed": args.seed,
                    "world_size": world, "num_clients": K, "num_byzantine": args.num_byzantine, "attack": args.attack,
-                   "byzantine_clients": byzantine, "heterogeneity": args.heterogeneity, "global_step": global_step,
-                   "rounds": round_, "trajectories_per_client": trajectories, "server_trajectories": server_trajectories,
-                   "wall_time_s": wall, "sps": sps, "train_time_s": time.time() - train_start,
+                   "byzantine_clients": byzantine, "heterogeneity": args.heterogeneity, "learning_rate": args.learning_rate,
+                   "global_step": state["global_step"], "rounds": state["round"],
+                   "trajectories_per_client": state["trajectories"], "server_trajectories": state["server_trajectories"],
+                   "wall_time_s": state["wall_time_s"] + time.time() - PROCESS_START, "sps": sps,
+                   "train_time_s": time.time() - train_start,
                    "eval_return_mean": float(np.mean(eval_returns)), "eval_return_std": float(np.std(eval_returns)),
                    "train_return_last20": float(np.mean(recent)) if recent else None,
-                   "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step,
-                   "trajectories_per_client_to_threshold": threshold_trajectories, "reward_threshold": threshold,
+                   "time_to_threshold_s": state["time_to_threshold_s"], "threshold_step": state["threshold_step"],
+                   "trajectories_per_client_to_threshold": state["threshold_trajectories"], "reward_threshold": threshold,
                    "num_params": D, "bytes_per_client_per_round": bytes_up + bytes_down,
-                   "kept_byzantine_mean": float(np.mean(kept_byz)) if kept_byz else None,
-                   "kept_honest_mean": float(np.mean(kept_honest)) if kept_honest else None,
+                   "kept_byzantine_mean": state["kept_byzantine"] / rounds if byzantine else None,
+                   "kept_honest_mean": state["kept_honest"] / rounds,
                    "theta_sha256": hashlib.sha256(theta.numpy().tobytes()).hexdigest()}
         with open(os.path.join(run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
         if args.save_model:
             save_checkpoint(os.path.join(run_dir, "model.pt"), {"theta": theta})
-        print(f"eval return {summary['eval_return_mean']:.1f} +- {summary['eval_return_std']:.1f}; "
-              f"time to threshold: {time_to_threshold}; summary in {run_dir}/summary.json", flush=True)
+        print(f"eval return {summary['eval_return_mean']:.1f} +- {summary['eval_return_std']:.1f}; time to threshold: "
+              f"{state['time_to_threshold_s']}; summary in {run_dir}/summary.json", flush=True)
     if writer is not None:
         writer.close()
         if args.track:
