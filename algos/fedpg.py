@@ -21,7 +21,6 @@ import sys
 import time
 import types
 import warnings
-from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Optional, Tuple
 
@@ -67,6 +66,7 @@ class Args:
     env_id: str = "CartPole-v1"  # the envpool environment id (vector observations: classic control, MuJoCo)
     total_timesteps: int = 1_500_000  # environment steps over all clients and the server (ends after that round)
     eval_episodes: int = 10  # episodes of the final greedy policy to evaluate at the end
+    eval_every: int = 0  # also evaluate theta greedily every this many rounds (the papers' curves; 0: only at the end)
     # --- algorithm ---
     num_clients: int = 10  # K: clients (agents), each with its own environments
     aggregator: Literal["fedavg", "fedpg-br", "median", "trimmed-mean"] = "fedavg"  # how the server combines updates
@@ -109,15 +109,15 @@ def validate(args: Args) -> None:
     for name in ["total_timesteps", "eval_episodes", "num_clients", "B", "b", "local_updates", "sigma", "env_threads"]:
         if getattr(args, name) <= 0:
             fail(name, f"must be positive, got {getattr(args, name)}")
-    for name in ["learning_rate", "max_grad_norm", "num_byzantine", "num_workers", "checkpoint_every"]:
+    for name in ["learning_rate", "max_grad_norm", "num_byzantine", "num_workers", "checkpoint_every", "eval_every"]:
         if getattr(args, name) < 0:
             fail(name, f"must not be negative, got {getattr(args, name)}")
-    for name, hi in [("gamma", 1.0), ("delta", 1.0), ("alpha", 0.4999)]:
-        if not 0 < getattr(args, name) <= hi:
-            fail(name, f"must be in (0, {hi:.2g}], got {getattr(args, name)}")
+    for name, ok in [("gamma", 0 < args.gamma <= 1), ("delta", 0 < args.delta <= 1), ("alpha", 0 < args.alpha < 0.5)]:
+        if not ok:
+            fail(name, f"must be in {'(0, 0.5)' if name == 'alpha' else '(0, 1]'}, got {getattr(args, name)}")
     if 2 * args.num_byzantine >= args.num_clients:
         fail("num_byzantine", f"must be below half of --num-clients ({args.num_clients}), got {args.num_byzantine}")
-    if not 0 <= args.trim_fraction < 0.5 or 2 * int(args.trim_fraction * args.num_clients) >= args.num_clients:
+    if not 0 <= args.trim_fraction < 0.5 or 2 * math.floor(args.trim_fraction * args.num_clients + 1e-9) >= args.num_clients:
         fail("trim_fraction", f"must be in [0, 0.5) and leave a client untrimmed, got {args.trim_fraction}")
     if args.aggregator == "fedpg-br" and args.local_updates != 1:
         fail("local_updates", "fedpg-br clients send one gradient per round; leave it at 1")
@@ -183,7 +183,8 @@ class Policy:
         self.n_out = int(np.prod(action_space.shape)) if self.continuous else int(action_space.n)
         sizes = [obs_dim, *hidden_sizes, self.n_out]
         self.shapes = [(sizes[i + 1], sizes[i]) for i in range(len(sizes) - 1)]
-        self.num_params = sum(o * i + o for o, i in self.shapes) + (self.n_out if self.continuous else 0)
+        self.sizes = [n for o, i in self.shapes for n in (o * i, o)] + ([self.n_out] if self.continuous else [])
+        self.num_params = sum(self.sizes)  # theta is the weights and biases of each layer (and the log-std), flat
         if self.continuous:
             self.low = torch.as_tensor(action_space.low, dtype=torch.float32)
             self.high = torch.as_tensor(action_space.high, dtype=torch.float32)
@@ -225,7 +226,8 @@ class Policy:
 # ----------------------------------------------------------------------------------------------- algorithm
 def trajectory_weights(rewards: torch.Tensor, valid: torch.Tensor, gamma: float) -> torch.Tensor:
     """Weights w_t [T, N] of N trajectories: the reward-to-go sum_{h >= t} gamma^(h - t) r_h, standardized over its
-    own trajectory's steps (as the authors' code), 0 outside it (valid = 0): each depends on its trajectory alone."""
+    own trajectory's steps (as the authors' code), 0 outside it (valid = 0), then divided by the trajectory's length
+    and by N: sum_t log pi(a_t | s_t) w_t is then the mean over the trajectories of each one's per-step mean."""
     G, running = torch.zeros_like(rewards), torch.zeros_like(rewards[0])
     for t in range(rewards.shape[0] - 1, -1, -1):
         running = rewards[t] * valid[t] + gamma * running * valid[t]
@@ -233,22 +235,23 @@ def trajectory_weights(rewards: torch.Tensor, valid: torch.Tensor, gamma: float)
     n = valid.sum(0).clamp(min=1)
     mean = (G * valid).sum(0) / n
     std = (((G - mean) ** 2 * valid).sum(0) / n).sqrt()
-    return (G - mean) / (std + 1e-8) * valid
+    return (G - mean) / (std + 1e-8) * valid / (n * valid.shape[1])
 
 
 def policy_gradient(policy: Policy, theta: torch.Tensor, batch: dict, gamma: float) -> torch.Tensor:
-    """The gradient (ascent direction) at theta of the mean over the batch's steps of log pi(a_t | s_t) w_t."""
+    """The estimate g^ = 1/N sum_j g(tau_j | theta) (ascent direction) with g(tau) = 1/L_tau sum_t grad log
+    pi_theta(a_t | s_t) w_t, w_t the trajectory's standardized reward-to-go."""
     th = theta.detach().requires_grad_()
     m = batch["valid"].bool()
     w = trajectory_weights(batch["rewards"], batch["valid"], gamma)[m]
-    J = (policy.log_prob(th, batch["obs"][m], batch["actions"][m]) * w).sum() / m.sum()
-    return torch.autograd.grad(J, th)[0]
+    return torch.autograd.grad((policy.log_prob(th, batch["obs"][m], batch["actions"][m]) * w).sum(), th)[0]
 
 
 def semi_stochastic_gradient(policy: Policy, theta_0, theta_n, mu, batch: dict, gamma: float):
     """FedPG-BR's inner-loop direction v_n = 1/b sum_j [g(tau_j | theta_n) - omega_j g(tau_j | theta_0)] + mu on b
     trajectories sampled with theta_n (g as in policy_gradient), with importance weights omega_j = p(tau_j | theta_0)
-    / p(tau_j | theta_n) = prod_t pi_theta_0(a_t|s_t) / pi_theta_n(a_t|s_t) (the dynamics cancel). Returns v_n, omega."""
+    / p(tau_j | theta_n) = prod_t pi_theta_0(a_t|s_t) / pi_theta_n(a_t|s_t) (the dynamics cancel): E[omega_j g(tau_j |
+    theta_0)] = E_theta_0[g], the expectation mu estimates. Returns v_n, omega."""
     m = batch["valid"].bool()
     w = trajectory_weights(batch["rewards"], batch["valid"], gamma)
     th_n, th_0 = theta_n.detach().requires_grad_(), theta_0.detach().requires_grad_()
@@ -256,8 +259,8 @@ def semi_stochastic_gradient(policy: Policy, theta_0, theta_n, mu, batch: dict, 
     log_ratio = torch.zeros(m.shape)
     log_ratio[m] = (lp_0 - lp_n).detach()
     omega = log_ratio.sum(0).exp()
-    g_n = torch.autograd.grad((lp_n * w[m]).sum() / m.sum(), th_n)[0]
-    g_0 = torch.autograd.grad((lp_0 * (omega * w)[m]).sum() / m.sum(), th_0)[0]
+    g_n = torch.autograd.grad((lp_n * w[m]).sum(), th_n)[0]
+    g_0 = torch.autograd.grad((lp_0 * (omega * w)[m]).sum(), th_0)[0]
     return g_n - g_0 + mu, omega
 
 
@@ -296,7 +299,7 @@ def coordinate_median(u: torch.Tensor) -> torch.Tensor:
 
 def trimmed_mean(u: torch.Tensor, fraction: float) -> torch.Tensor:
     """Coordinate-wise trimmed mean: drop the floor(fraction K) largest and smallest values of every coordinate."""
-    k = int(fraction * u.shape[0])
+    k = math.floor(fraction * u.shape[0] + 1e-9)
     return u.sort(0).values[k:u.shape[0] - k].mean(0)
 
 
@@ -306,13 +309,15 @@ def clip_norm(v: torch.Tensor, max_norm: float) -> torch.Tensor:
     return v * (max_norm / n) if max_norm and n > max_norm else v
 
 
-def corrupt(u: torch.Tensor, attack: str, generator: torch.Generator) -> torch.Tensor:
-    """What a Byzantine client sends instead of u: sign-flip -2.5 u; random-noise u plus noise uniform in +-3 (max u -
-    min u) per coordinate (the authors' code); random-action changes the sampling, not u."""
+def corrupt(u: torch.Tensor, attack: str, generator: torch.Generator, sizes: list) -> torch.Tensor:
+    """What a Byzantine client sends instead of u: sign-flip -2.5 u; random-noise u plus noise uniform in +-3 (max -
+    min) of each parameter tensor's own entries (`sizes`: the tensors' lengths in u), as the authors' code;
+    random-action changes the sampling, not u."""
     if attack == "sign-flip":
         return -2.5 * u
     if attack == "random-noise":
-        return u + (torch.rand(u.shape, generator=generator) * 2 - 1) * 3 * (u.max() - u.min())
+        return torch.cat([c + (torch.rand(c.shape, generator=generator) * 2 - 1) * 3 * (c.max() - c.min())
+                          for c in u.split(sizes)])
     return u
 
 
@@ -364,10 +369,10 @@ def client_update(args: Args, policy: Policy, theta, eta: float, round_: int, cl
         else:
             theta_k = theta_k + eta * clip_norm(g, args.max_grad_norm)
             u = theta_k - theta
-    return (corrupt(u, args.attack, generator) if byzantine else u), steps, returns
+    return (corrupt(u, args.attack, generator, policy.sizes) if byzantine else u), steps, returns
 
 
-def server_update(args: Args, policy: Policy, theta, eta: float, u: torch.Tensor, steps: torch.Tensor, round_: int,
+def server_update(args: Args, policy: Policy, theta, eta: float, u: torch.Tensor, n: torch.Tensor, round_: int,
                   server_trajectories: int, max_steps: int):
     """The K updates u [K, D] -> the next theta, and statistics. fedpg-br: the filter, mu_t = mean of the kept
     gradients, then N_t steps theta_{n+1} = theta_n + eta v_n, v_0 = mu_t (at theta_0 the mini-batch terms cancel,
@@ -375,7 +380,7 @@ def server_update(args: Args, policy: Policy, theta, eta: float, u: torch.Tensor
     info = {"kept": torch.ones(u.shape[0], dtype=torch.bool), "N_t": 0, "omega_max": 1.0, "r2": False,
             "server_trajectories": 0, "server_steps": 0}
     if args.aggregator == "fedavg":
-        return theta + (steps[:, None] * u).sum(0) / steps.sum(), info
+        return theta + (n[:, None] * u).sum(0) / n.sum(), info  # n: each client's trajectories (its samples)
     if args.aggregator == "median":
         return theta + coordinate_median(u), info
     if args.aggregator == "trimmed-mean":
@@ -465,6 +470,9 @@ def main(args: Args) -> int:
     num_workers = args.num_workers or min(args.num_clients, available_cpus())
     if "WORLD_SIZE" not in os.environ and num_workers > 1:
         return spawn_workers(args, num_workers)
+    stop = {"signal": 0}  # SIGTERM/SIGUSR1 (SLURM preemption) on any rank: checkpoint after the round, exit 0
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, lambda signum, frame: stop.update(signal=signum))
     setup_distributed(args)
     args.learning_rate = args.learning_rate or (2.0 if args.aggregator == "fedpg-br" else 8.0)
     rank, world, K = args.rank, args.world_size, args.num_clients
@@ -483,19 +491,23 @@ def main(args: Args) -> int:
     honest = torch.tensor([k not in byzantine for k in range(K)])
     per_rank = math.ceil(K / world)  # this process hosts a contiguous block of clients; blocks padded to one length
     mine = range(min(rank * per_rank, K), min((rank + 1) * per_rank, K))
-    # The run's counters (all a resumed run needs besides theta: trajectories and random draws follow from (seed,
-    # round)); kept_* sum the fractions of Byzantine and honest clients the server kept.
+    # The run's counters, all a resumed run needs besides theta (trajectories and random draws follow from (seed,
+    # round)): kept_* sum the fractions of Byzantine and honest clients kept, recent holds [episodes, return sum] of
+    # the last rounds' honest episodes, config what must not change across a resume.
+    config = f"{args.env_id} {args.aggregator} K={K} M={args.num_byzantine} {args.attack} B={args.B} b={args.b} " \
+             f"E={args.local_updates} h={args.heterogeneity} seed={args.seed} hidden={args.hidden_sizes}"
     state = dict(round=0, global_step=0, trajectories=0, server_trajectories=0, wall_time_s=0.0, time_to_threshold_s=None,
-                 threshold_step=None, threshold_trajectories=None, kept_byzantine=0.0, kept_honest=0.0, recent_returns=[])
-    recent = deque(maxlen=max(20, args.B * args.local_updates * (K - args.num_byzantine)))
+                 threshold_step=None, threshold_trajectories=None, eval_threshold_trajectories=None, kept_byzantine=0.0,
+                 kept_honest=0.0, recent=[], config=config)
     # Rank 0 reads the checkpoint and sends it to the other ranks: nodes need no shared filesystem.
     box = [torch.load(ckpt_path, weights_only=True) if args.resume and rank == 0 and os.path.exists(ckpt_path) else None]
     if world > 1:
         dist.broadcast_object_list(box, 0)
     if box[0] is not None:
+        if box[0]["config"] != config:
+            fail("resume", f"the checkpoint is of another run ({box[0]['config']}), not {config}")
         theta = box[0].pop("theta")
         state.update(box[0])
-        recent.extend(state["recent_returns"])
 
     writer = None
     if rank == 0:
@@ -509,13 +521,16 @@ def main(args: Args) -> int:
         writer.add_text("byzantine_clients", str(byzantine))
         print(f"{K} clients on {world} process(es); Byzantine clients ({args.attack}): {byzantine or 'none'}", flush=True)
 
-    stop = {"signal": 0}
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, lambda signum, frame: stop.update(signal=signum))
-
     def checkpoint():
-        save_checkpoint(ckpt_path, dict(state, theta=theta, recent_returns=list(recent),
-                                        wall_time_s=state["wall_time_s"] + time.time() - PROCESS_START))
+        save_checkpoint(ckpt_path, dict(state, theta=theta, wall_time_s=state["wall_time_s"] + time.time() - PROCESS_START))
+
+    def last20() -> tuple:  # mean return and count of the fewest latest whole rounds with at least 20 honest episodes
+        count, total = 0, 0.0
+        for n, r in reversed(state["recent"]):
+            count, total = count + n, total + r
+            if count >= 20:
+                break
+        return (total / count if count else float("nan")), count
 
     # What crosses the wire each round: theta down to every client; up from every client one row, its update and
     # META numbers (client id, env steps, number and sum of its episodes' returns, for the logs). Never
@@ -553,7 +568,7 @@ def main(args: Args) -> int:
         rows = rows[rows[:, 0] >= 0]
         assert torch.equal(rows[:, 0], torch.arange(K, dtype=torch.float32))
         t1 = time.time()
-        theta, info = server_update(args, policy, theta, eta, rows[:, META:], rows[:, 1], state["round"] - 1,
+        theta, info = server_update(args, policy, theta, eta, rows[:, META:], rows[:, 2], state["round"] - 1,
                                     state["server_trajectories"], max_steps)
         server_time = time.time() - t1
         state["global_step"] += int(rows[:, 1].sum()) + info["server_steps"]
@@ -563,10 +578,16 @@ def main(args: Args) -> int:
         state["kept_byzantine"] += kept_byzantine if byzantine else 0.0
         state["kept_honest"] += kept_honest
         round_return = float(rows[honest, 3].sum() / rows[honest, 2].sum())  # honest clients' episodes
-        recent.extend([round_return] * int(rows[honest, 2].sum()))  # clients report the sum, not the episodes
-        if threshold is not None and state["time_to_threshold_s"] is None and np.mean(recent) >= threshold:
+        state["recent"] = state["recent"][-19:] + [[int(rows[honest, 2].sum()), float(rows[honest, 3].sum())]]
+        recent_mean, recent_count = last20()
+        if threshold is not None and state["time_to_threshold_s"] is None and recent_count >= 20 and recent_mean >= threshold:
             state.update(time_to_threshold_s=state["wall_time_s"] + time.time() - PROCESS_START,
                          threshold_step=state["global_step"], threshold_trajectories=state["trajectories"])
+        if args.eval_every and state["round"] % args.eval_every == 0:
+            eval_return = float(evaluate(policy, theta, args.env_id, args.eval_episodes, args.seed + 10**6, max_steps).mean())
+            writer.add_scalar("eval/round_return", eval_return, state["trajectories"])
+            if threshold is not None and state["eval_threshold_trajectories"] is None and eval_return >= threshold:
+                state["eval_threshold_trajectories"] = state["trajectories"]
         now = time.time()
         sps = (state["global_step"] - steps_at_start) / (now - train_start)
         scalars = {"charts/episodic_return": round_return, "charts/SPS": sps, "charts/learning_rate": eta,
@@ -601,9 +622,10 @@ def main(args: Args) -> int:
                    "wall_time_s": state["wall_time_s"] + time.time() - PROCESS_START, "sps": sps,
                    "train_time_s": time.time() - train_start,
                    "eval_return_mean": float(np.mean(eval_returns)), "eval_return_std": float(np.std(eval_returns)),
-                   "train_return_last20": float(np.mean(recent)) if recent else None,
+                   "train_return_last20": last20()[0] if state["recent"] else None,
                    "time_to_threshold_s": state["time_to_threshold_s"], "threshold_step": state["threshold_step"],
                    "trajectories_per_client_to_threshold": state["threshold_trajectories"], "reward_threshold": threshold,
+                   "trajectories_per_client_to_eval_threshold": state["eval_threshold_trajectories"],
                    "num_params": D, "bytes_per_client_per_round": bytes_up + bytes_down,
                    "kept_byzantine_mean": state["kept_byzantine"] / rounds if byzantine else None,
                    "kept_honest_mean": state["kept_honest"] / rounds,

@@ -70,11 +70,12 @@ SUITES = {
            for w in [1, 2]},
         "sb3_a2c": [PY, str(ROOT / "benchmark/sb3_cartpole.py"), "--algo", "a2c", "--seed", "{seed}", "--out", "{out}"],
     },
-    "fedpg": {  # trajectories per client to threshold: K = 1 and 10 clients (fedavg), then 3 of 10 Byzantine per attack
-        **{f"fedavg_k{k}": [PY, str(ROOT / "algos/fedpg.py"), "--seed", "{seed}", "--exp-name", "bench", "--num-clients", str(k)]
-           for k in [1, 10]},
-        **{f"{agg}_{attack}": [PY, str(ROOT / "algos/fedpg.py"), "--seed", "{seed}", "--exp-name", "bench", "--aggregator",
-                               agg, "--num-byzantine", "3", "--attack", attack]
+    "fedpg": {  # trajectories per client to threshold (a greedy evaluation every round, as the papers' curves): K = 1
+        # and 10 clients (fedavg), then 3 of 10 Byzantine clients per attack and aggregator
+        **{f"fedavg_k{k}": [PY, str(ROOT / "algos/fedpg.py"), "--seed", "{seed}", "--exp-name", "bench", "--eval-every", "1",
+                            "--num-clients", str(k)] for k in [1, 10]},
+        **{f"{agg}_{attack}": [PY, str(ROOT / "algos/fedpg.py"), "--seed", "{seed}", "--exp-name", "bench", "--eval-every", "1",
+                               "--aggregator", agg, "--num-byzantine", "3", "--attack", attack]
            for attack in ["sign-flip", "random-noise", "random-action"] for agg in ["fedavg", "median", "trimmed-mean", "fedpg-br"]},
     },
     "evolution_workers": {  # episodes per second with 1 and 2 workers, same budget (the results are identical)
@@ -150,11 +151,9 @@ def main() -> None:
                     "threshold_step_median": median([r.get("threshold_step") for r in rs]),
                     "train_time_to_threshold_median_s": median([r.get("train_time_to_threshold_s") for r in rs]),
                     "sps_median": median([r["sps"] for r in rs]),
-                    **({"trajectories_to_threshold": [r["trajectories_per_client_to_threshold"] for r in rs],
-                        "trajectories_to_threshold_mean": statistics.mean(
-                            [r["trajectories_per_client_to_threshold"] for r in rs]) if all(
-                            r["trajectories_per_client_to_threshold"] for r in rs) else None}
-                       if all("trajectories_per_client_to_threshold" in r for r in rs) else {}),
+                    **{f"{key}_to_{what}": [r.get(f"trajectories_per_client_to_{what}") for r in rs]  # fedpg
+                       for key, what in [("trajectories", "threshold"), ("trajectories", "eval_threshold")]
+                       if any(f"trajectories_per_client_to_{what}" in r for r in rs)},
                     "episodes_per_s_median": median([r.get("episodes_per_s") for r in rs]),
                     "eval_return_median": median([r.get("eval_return_mean") for r in rs]),
                     "eval_return_min": min((r["eval_return_mean"] for r in rs if "eval_return_mean" in r), default=None),

@@ -36,7 +36,8 @@ def trajectories(batch):
 
 
 def weights_reference(rewards, gamma):
-    """Reward-to-go of every step of one trajectory, standardized over the trajectory (population std)."""
+    """Reward-to-go of every step of one trajectory, standardized over the trajectory (population std); before the
+    division by the trajectory's length and the batch's size."""
     G = [sum(gamma ** (h - t) * rewards[h] for h in range(t, len(rewards))) for t in range(len(rewards))]
     mean = sum(G) / len(G)
     std = math.sqrt(sum((g - mean) ** 2 for g in G) / len(G))
@@ -56,7 +57,8 @@ def test_trajectory_weights_match_reference():
     w = fp.trajectory_weights(rewards * valid, valid, 0.9)
     for j in range(3):
         n = int(valid[:, j].sum())
-        np.testing.assert_allclose(w[:n, j].numpy(), weights_reference(rewards[:n, j].tolist(), 0.9), rtol=1e-5, atol=1e-6)
+        ref = [x / n / 3 for x in weights_reference(rewards[:n, j].tolist(), 0.9)]
+        np.testing.assert_allclose(w[:n, j].numpy(), ref, rtol=1e-5, atol=1e-6)
         assert (w[n:, j] == 0).all()
 
 
@@ -72,16 +74,18 @@ def test_trajectories_stop_at_the_first_episode_end_and_mask_the_rest():
     assert (returns == lengths).all() and lengths.max() == v.shape[0] and 1 <= lengths.min()
 
 
-def test_policy_gradient_matches_per_step_reference():
-    """g = (1 / number of steps) sum over trajectories and steps of grad log pi(a_t | s_t) w_t."""
+def g_reference(policy, theta, obs, act, rew, gamma=0.99):
+    """g(tau | theta) = 1/L sum_t grad log pi_theta(a_t | s_t) w_t, one step at a time."""
+    w = weights_reference(rew, gamma)
+    return sum(grad_log_prob(policy, theta, obs[t], act[t])[0] * w[t] for t in range(len(rew))) / len(rew)
+
+
+def test_policy_gradient_matches_per_trajectory_reference():
+    """g^ = 1/N sum_j g(tau_j)."""
     policy, theta = policy_and_theta()
     batch = batch_from_envs(policy, theta, 4, 5)
-    total, n = torch.zeros(policy.num_params, dtype=torch.float64), 0
-    for obs, act, rew in trajectories(batch):
-        for t, w in enumerate(weights_reference(rew, 0.99)):
-            total += grad_log_prob(policy, theta, obs[t], act[t])[0] * w
-            n += 1
-    np.testing.assert_allclose(fp.policy_gradient(policy, theta, batch, 0.99).numpy(), (total / n).numpy(), atol=1e-6)
+    ref = sum(g_reference(policy, theta, *traj) for traj in trajectories(batch)) / 4
+    np.testing.assert_allclose(fp.policy_gradient(policy, theta, batch, 0.99).numpy(), ref.numpy(), atol=1e-6)
 
 
 def test_semi_stochastic_gradient_matches_reference():
@@ -90,29 +94,40 @@ def test_semi_stochastic_gradient_matches_reference():
     theta_n = theta_0 + 0.05 * torch.randn(theta_0.shape, generator=torch.Generator().manual_seed(1))
     batch = batch_from_envs(policy, theta_n, 3, 9)
     mu = torch.randn(policy.num_params)
-    total, n, omegas = torch.zeros(policy.num_params, dtype=torch.float64), 0, []
+    total, omegas = torch.zeros(policy.num_params, dtype=torch.float64), []
     for obs, act, rew in trajectories(batch):
         ratio = math.prod(math.exp(grad_log_prob(policy, theta_0, obs[t], act[t])[1] -
                                    grad_log_prob(policy, theta_n, obs[t], act[t])[1]) for t in range(len(rew)))
         omegas.append(ratio)
-        for t, w in enumerate(weights_reference(rew, 0.99)):
-            total += (grad_log_prob(policy, theta_n, obs[t], act[t])[0] - ratio * grad_log_prob(policy, theta_0, obs[t], act[t])[0]) * w
-            n += 1
+        total += g_reference(policy, theta_n, obs, act, rew) - ratio * g_reference(policy, theta_0, obs, act, rew)
     v, omega = fp.semi_stochastic_gradient(policy, theta_0, theta_n, mu, batch, 0.99)
     np.testing.assert_allclose(omega.numpy(), omegas, rtol=1e-4)
-    np.testing.assert_allclose(v.numpy(), (total / n + mu.double()).numpy(), atol=1e-5)
+    np.testing.assert_allclose(v.numpy(), (total / 3 + mu.double()).numpy(), atol=1e-5)
     assert not np.allclose(omegas, 1.0)
 
 
-def test_inner_direction_at_theta_0_is_mu():
-    """At theta_n = theta_0 the importance weights are 1 and the mini-batch terms cancel: v_0 = mu, which is why
-    the server samples no trajectories for the first inner step."""
+def test_importance_weighted_term_estimates_mu():
+    """E_theta_n[omega g(tau | theta_0)] = E_theta_0[g(tau | theta_0)]: over many trajectories sampled with theta_n,
+    v_n - mu (the correction) approaches g^(theta_n) - g^(theta_0), each estimated from its own policy's samples."""
+    policy, theta_0 = policy_and_theta(hidden=(4,))
+    theta_n = theta_0 + 0.1 * torch.randn(theta_0.shape, generator=torch.Generator().manual_seed(2))
+    zero = torch.zeros(policy.num_params)
+    corr = fp.semi_stochastic_gradient(policy, theta_0, theta_n, zero, batch_from_envs(policy, theta_n, 3000, 7), 0.99)[0]
+    expected = (fp.policy_gradient(policy, theta_n, batch_from_envs(policy, theta_n, 3000, 8), 0.99)
+                - fp.policy_gradient(policy, theta_0, batch_from_envs(policy, theta_0, 3000, 9), 0.99))
+    assert float((corr - expected).norm()) < 0.25 * float(expected.norm())
+
+
+def test_server_samples_b_trajectories_per_inner_step_after_the_first():
+    """v_0 = mu (at theta_0 the mini-batch terms cancel), so the server samples b (N_t - 1) trajectories a round."""
     policy, theta = policy_and_theta()
-    batch = batch_from_envs(policy, theta, 3, 4)
-    mu = torch.randn(policy.num_params)
-    v, omega = fp.semi_stochastic_gradient(policy, theta, theta, mu, batch, 0.99)
-    assert torch.equal(omega, torch.ones(3))
-    torch.testing.assert_close(v, mu)
+    args = fp.Args(aggregator="fedpg-br", sigma=10.0)
+    u = 0.01 * torch.randn(10, policy.num_params)
+    for round_ in range(6):
+        N_t = fp.sample_N_t(np.random.default_rng([args.seed, round_, 1]), args.B, args.b)
+        new, info = fp.server_update(args, policy, theta, 2.0, u, torch.full((10,), 16.0), round_, 0, 500)
+        assert info["N_t"] == N_t and info["server_trajectories"] == args.b * max(N_t - 1, 0)
+        assert torch.equal(new, theta) == (N_t == 0)
 
 
 def test_N_t_follows_the_geometric_law_with_mean_B_over_b():
@@ -178,11 +193,13 @@ def test_robust_aggregators_match_numpy():
 def test_attacks():
     u = torch.randn(30)
     g = torch.Generator().manual_seed(0)
-    assert torch.equal(fp.corrupt(u, "sign-flip", g), -2.5 * u)
-    noise = fp.corrupt(u, "random-noise", g) - u
-    span = float(u.max() - u.min())
-    assert noise.abs().max() <= 3 * span and noise.abs().max() > span
-    assert torch.equal(fp.corrupt(u, "random-action", g), u)  # that attack acts on the sampling
+    u[20:] *= 100  # a second parameter tensor on another scale: the noise follows each tensor's own range
+    assert torch.equal(fp.corrupt(u, "sign-flip", g, [20, 10]), -2.5 * u)
+    noise = fp.corrupt(u, "random-noise", g, [20, 10]) - u
+    for part, c in zip(noise.split([20, 10]), u.split([20, 10])):
+        span = float(c.max() - c.min())
+        assert part.abs().max() <= 3 * span and part.abs().max() > span
+    assert torch.equal(fp.corrupt(u, "random-action", g, [20, 10]), u)  # that attack acts on the sampling
     policy, theta = policy_and_theta()
     batch = batch_from_envs(policy, theta, 64, 1, mode="random")
     assert abs(float(batch["actions"][0].float().mean()) - 0.5) < 0.2
@@ -191,6 +208,7 @@ def test_attacks():
 def test_byzantine_clients_are_a_seeded_choice():
     assert fp.byzantine_clients(1, 10, 3) == fp.byzantine_clients(1, 10, 3)
     assert len(set(fp.byzantine_clients(1, 10, 3))) == 3 and fp.byzantine_clients(1, 10, 0) == []
+    assert len({tuple(fp.byzantine_clients(seed, 10, 3)) for seed in range(20)}) > 10  # the seed decides
 
 
 def test_heterogeneous_clients_have_other_pole_lengths():
@@ -218,11 +236,11 @@ def test_fedavg_with_one_local_step_equals_the_centralized_update_on_the_pooled_
         envs = fp.make_env(ENV, args.B, fp.client_env_seed(args, 0, 0, k))
         batches.append(fp.sample_trajectories(policy, theta, envs, args.B, 500, gen))
     new, _ = fp.server_update(args, policy, theta, eta, torch.stack([r[0] for r in rows]),
-                              torch.tensor([float(r[1]) for r in rows]), 0, 0, 500)
+                              torch.full((3,), float(args.B)), 0, 0, 500)
     T = max(b["valid"].shape[0] for b in batches)
     pad = lambda x: torch.cat([x, x.new_zeros((T - x.shape[0], *x.shape[1:]))])  # noqa: E731
     pooled = {key: torch.cat([pad(b[key]) for b in batches], 1) for key in batches[0]}
-    assert int(pooled["valid"].sum()) == sum(r[1] for r in rows)
+    assert int(pooled["valid"].sum()) == sum(r[1] for r in rows) and pooled["valid"].shape[1] == 12
     central = theta + eta * fp.policy_gradient(policy, theta, pooled, args.gamma)
     torch.testing.assert_close(new, central, rtol=0, atol=1e-6)
     assert not torch.allclose(new, theta, atol=1e-4)
@@ -236,6 +254,13 @@ def test_gaussian_policy_log_prob_and_sampling():
     mean, std = policy.forward(theta, obs), theta[-1].exp()
     ref = (-((a - mean) ** 2) / (2 * std ** 2) - std.log() - 0.5 * math.log(2 * math.pi)).sum(-1)
     torch.testing.assert_close(policy.log_prob(theta, obs, a), ref)
+    many = policy.sample(theta, obs[:1].expand(20000, 3), torch.Generator().manual_seed(1))
+    assert abs(float(many.mean() - mean[0, 0])) < 0.03 and abs(float(many.std() - std)) < 0.03
+    spec = fp.envpool.make_spec(ENV)
+    policy, theta = policy_and_theta(spec=spec)
+    o = torch.randn(1, 4)
+    freq = policy.sample(theta, o.expand(20000, 4), torch.Generator().manual_seed(1)).float().mean()
+    assert abs(float(freq) - float(policy.log_prob(theta, o, torch.ones(1, dtype=torch.long)).exp())) < 0.02
 
 
 # ------------------------------------------------------------------------------------------ whole runs
@@ -243,7 +268,8 @@ def test_smoke_torchrun_two_clients(runner):
     check_ok(runner.run("fedpg", "--num-clients", 2, "--total-timesteps", 3000, "--eval-episodes", 2, "--save-model", nproc=2))
     s = runner.summary(ENV, "fedpg")
     assert SUMMARY_KEYS <= s.keys() and s["algo"] == "fedpg" and s["world_size"] == 2 and s["global_step"] >= 3000
-    assert s["bytes_per_client_per_round"] == 4 * (2 * s["num_params"] + 4)
+    assert s["num_params"] == (4 * 16 + 16) + (16 * 16 + 16) + (16 * 2 + 2)  # the 16-16 MLP on CartPole
+    assert s["bytes_per_client_per_round"] == 4 * (2 * 386 + 4)  # theta down; update and 4 numbers up
     assert (runner.run_dir(ENV, "fedpg") / "model.pt").exists()
 
 
@@ -274,20 +300,32 @@ def test_result_does_not_depend_on_the_process_count(runner, extra):
 
 def test_byzantine_clients_are_logged_and_filtered(runner):
     check_ok(runner.run("fedpg", "--aggregator", "fedpg-br", "--num-byzantine", 3, "--attack", "random-noise",
-                        "--total-timesteps", 60_000))
+                        "--total-timesteps", 60_000, "--eval-every", 1))
     s = runner.summary(ENV, "fedpg")
+    assert "trajectories_per_client_to_eval_threshold" in s
     assert s["byzantine_clients"] == fp.byzantine_clients(1, 10, 3) and s["kept_byzantine_mean"] == 0.0
     assert s["kept_honest_mean"] > 0.5 and s["server_trajectories"] > 0
 
 
-def test_mujoco_continuous_actions_run(runner):
-    check_ok(runner.run("fedpg", "--env-id", "Pendulum-v1", "--num-clients", 2, "--aggregator", "fedpg-br",
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "Hopper-v4"])
+def test_continuous_actions_run(runner, env_id):
+    check_ok(runner.run("fedpg", "--env-id", env_id, "--num-clients", 2, "--aggregator", "fedpg-br",
                         "--total-timesteps", 3000, "--eval-episodes", 1))
-    assert runner.summary("Pendulum-v1", "fedpg")["global_step"] >= 3000
+    assert runner.summary(env_id, "fedpg")["global_step"] >= 3000
 
 
 def test_sigterm_checkpoint_and_resume_equal_uninterrupted(runner):
-    sigterm_and_resume(runner, "fedpg", ENV, "--total-timesteps", 150_000, "--eval-episodes", 2)
+    """With FedPG-BR and attackers, so that the filter's counts and the server's trajectories cross the checkpoint."""
+    sigterm_and_resume(runner, "fedpg", ENV, "--total-timesteps", 150_000, "--eval-episodes", 2, "--aggregator",
+                       "fedpg-br", "--num-byzantine", 3, "--attack", "sign-flip")
+    s = runner.summary(ENV, "cut")
+    assert 0 < s["kept_byzantine_mean"] < 1 and s["server_trajectories"] > 0
+
+
+def test_resume_refuses_a_checkpoint_of_another_configuration(runner):
+    check_ok(runner.run("fedpg", "--total-timesteps", 10_000, "--checkpoint-every", 1, "--eval-episodes", 1))
+    proc = runner.run("fedpg", "--total-timesteps", 20_000, "--resume", "--aggregator", "median")
+    assert proc.returncode != 0 and "--resume" in proc.stderr
 
 
 def test_dead_worker_ends_job_quickly_without_orphans(runner):
