@@ -226,8 +226,7 @@ class Policy:
 # ----------------------------------------------------------------------------------------------- algorithm
 def trajectory_weights(rewards: torch.Tensor, valid: torch.Tensor, gamma: float) -> torch.Tensor:
     """Weights w_t [T, N] of N trajectories: the reward-to-go sum_{h >= t} gamma^(h - t) r_h, standardized over its
-    own trajectory's steps (as the authors' code), 0 outside it (valid = 0), then divided by the trajectory's length
-    and by N: sum_t log pi(a_t | s_t) w_t is then the mean over the trajectories of each one's per-step mean."""
+    own trajectory's steps (as the authors' code), 0 outside it (valid = 0): each depends on its trajectory alone."""
     G, running = torch.zeros_like(rewards), torch.zeros_like(rewards[0])
     for t in range(rewards.shape[0] - 1, -1, -1):
         running = rewards[t] * valid[t] + gamma * running * valid[t]
@@ -235,33 +234,35 @@ def trajectory_weights(rewards: torch.Tensor, valid: torch.Tensor, gamma: float)
     n = valid.sum(0).clamp(min=1)
     mean = (G * valid).sum(0) / n
     std = (((G - mean) ** 2 * valid).sum(0) / n).sqrt()
-    return (G - mean) / (std + 1e-8) * valid / (n * valid.shape[1])
+    return (G - mean) / (std + 1e-8) * valid
 
 
 def policy_gradient(policy: Policy, theta: torch.Tensor, batch: dict, gamma: float) -> torch.Tensor:
-    """The estimate g^ = 1/N sum_j g(tau_j | theta) (ascent direction) with g(tau) = 1/L_tau sum_t grad log
-    pi_theta(a_t | s_t) w_t, w_t the trajectory's standardized reward-to-go."""
+    """The estimate g^ = sum_j sum_t grad log pi_theta(a_t | s_t) w_t / sum_j L_j (ascent direction): the mean over
+    the batch's steps, as the authors' code; L_j is trajectory j's length."""
     th = theta.detach().requires_grad_()
     m = batch["valid"].bool()
     w = trajectory_weights(batch["rewards"], batch["valid"], gamma)[m]
-    return torch.autograd.grad((policy.log_prob(th, batch["obs"][m], batch["actions"][m]) * w).sum(), th)[0]
+    return torch.autograd.grad((policy.log_prob(th, batch["obs"][m], batch["actions"][m]) * w).sum() / m.sum(), th)[0]
 
 
 def semi_stochastic_gradient(policy: Policy, theta_0, theta_n, mu, batch: dict, gamma: float):
-    """FedPG-BR's inner-loop direction v_n = 1/b sum_j [g(tau_j | theta_n) - omega_j g(tau_j | theta_0)] + mu on b
-    trajectories sampled with theta_n (g as in policy_gradient), with importance weights omega_j = p(tau_j | theta_0)
-    / p(tau_j | theta_n) = prod_t pi_theta_0(a_t|s_t) / pi_theta_n(a_t|s_t) (the dynamics cancel): E[omega_j g(tau_j |
-    theta_0)] = E_theta_0[g], the expectation mu estimates. Returns v_n, omega."""
+    """FedPG-BR's inner-loop direction v_n = g^(theta_n) - g^_omega(theta_0) + mu on b trajectories sampled with
+    theta_n, with importance weights omega_j = p(tau_j | theta_0) / p(tau_j | theta_n) = prod_t pi_theta_0(a_t|s_t) /
+    pi_theta_n(a_t|s_t) (the dynamics cancel). g^ as policy_gradient's (a per-step mean); g^_omega weights trajectory
+    j's steps by omega_j and divides by sum_j omega_j L_j, so that it estimates the per-step mean under theta_0 that mu
+    estimates (dividing by sum_j L_j would scale it by E_0[L] / E_n[L]). Returns v_n, omega."""
     m = batch["valid"].bool()
     w = trajectory_weights(batch["rewards"], batch["valid"], gamma)
     th_n, th_0 = theta_n.detach().requires_grad_(), theta_0.detach().requires_grad_()
     lp_n, lp_0 = policy.log_prob(th_n, batch["obs"][m], batch["actions"][m]), policy.log_prob(th_0, batch["obs"][m], batch["actions"][m])
     log_ratio = torch.zeros(m.shape)
     log_ratio[m] = (lp_0 - lp_n).detach()
-    omega = log_ratio.sum(0).exp()
-    g_n = torch.autograd.grad((lp_n * w[m]).sum(), th_n)[0]
-    g_0 = torch.autograd.grad((lp_0 * (omega * w)[m]).sum(), th_0)[0]
-    return g_n - g_0 + mu, omega
+    log_omega = log_ratio.sum(0).double()  # omega_j / sum_k omega_k L_k in log space: finite when an omega overflows
+    c = (log_omega - torch.logsumexp(log_omega + m.sum(0).double().log(), 0)).exp().float()
+    g_n = torch.autograd.grad((lp_n * w[m]).sum() / m.sum(), th_n)[0]
+    g_0 = torch.autograd.grad((lp_0 * (c * w)[m]).sum(), th_0)[0]
+    return g_n - g_0 + mu, log_omega.exp()
 
 
 def byzantine_filter(mu: torch.Tensor, B: int, sigma: float, delta: float, alpha: float):
@@ -380,7 +381,7 @@ def server_update(args: Args, policy: Policy, theta, eta: float, u: torch.Tensor
     info = {"kept": torch.ones(u.shape[0], dtype=torch.bool), "N_t": 0, "omega_max": 1.0, "r2": False,
             "server_trajectories": 0, "server_steps": 0}
     if args.aggregator == "fedavg":
-        return theta + (n[:, None] * u).sum(0) / n.sum(), info  # n: each client's trajectories (its samples)
+        return theta + (n[:, None] * u).sum(0) / n.sum(), info  # n: each client's env steps (its samples)
     if args.aggregator == "median":
         return theta + coordinate_median(u), info
     if args.aggregator == "trimmed-mean":
@@ -458,7 +459,7 @@ def spawn_workers(args: Args, num_workers: int) -> int:
         while not ctx.join(timeout=1.0):
             pass
     except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:  # it died, or raised (then e has its traceback)
-        print(f"{os.path.basename(sys.argv[0])}: error: worker {e.error_index} (pid {e.pid}): {e}; "
+        print(f"{os.path.basename(sys.argv[0])}: error: worker {e.error_index} (pid {getattr(e, 'pid', '?')}): {e}; "
               "the other workers were stopped", file=sys.stderr)
         return 1
     return 0
@@ -568,7 +569,7 @@ def main(args: Args) -> int:
         rows = rows[rows[:, 0] >= 0]
         assert torch.equal(rows[:, 0], torch.arange(K, dtype=torch.float32))
         t1 = time.time()
-        theta, info = server_update(args, policy, theta, eta, rows[:, META:], rows[:, 2], state["round"] - 1,
+        theta, info = server_update(args, policy, theta, eta, rows[:, META:], rows[:, 1], state["round"] - 1,
                                     state["server_trajectories"], max_steps)
         server_time = time.time() - t1
         state["global_step"] += int(rows[:, 1].sum()) + info["server_steps"]

@@ -332,7 +332,7 @@ def spawn_workers(args: Args) -> int:
         while not ctx.join(timeout=1.0):
             pass
     except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:  # it died, or raised (then e has its traceback)
-        print(f"{os.path.basename(sys.argv[0])}: error: worker {e.error_index} (pid {e.pid}): {e}; "
+        print(f"{os.path.basename(sys.argv[0])}: error: worker {e.error_index} (pid {getattr(e, 'pid', '?')}): {e}; "
               "the other workers were stopped", file=sys.stderr)
         return 1
     return 0

@@ -36,8 +36,7 @@ def trajectories(batch):
 
 
 def weights_reference(rewards, gamma):
-    """Reward-to-go of every step of one trajectory, standardized over the trajectory (population std); before the
-    division by the trajectory's length and the batch's size."""
+    """Reward-to-go of every step of one trajectory, standardized over the trajectory (population std)."""
     G = [sum(gamma ** (h - t) * rewards[h] for h in range(t, len(rewards))) for t in range(len(rewards))]
     mean = sum(G) / len(G)
     std = math.sqrt(sum((g - mean) ** 2 for g in G) / len(G))
@@ -57,8 +56,7 @@ def test_trajectory_weights_match_reference():
     w = fp.trajectory_weights(rewards * valid, valid, 0.9)
     for j in range(3):
         n = int(valid[:, j].sum())
-        ref = [x / n / 3 for x in weights_reference(rewards[:n, j].tolist(), 0.9)]
-        np.testing.assert_allclose(w[:n, j].numpy(), ref, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(w[:n, j].numpy(), weights_reference(rewards[:n, j].tolist(), 0.9), rtol=1e-5, atol=1e-6)
         assert (w[n:, j] == 0).all()
 
 
@@ -74,41 +72,44 @@ def test_trajectories_stop_at_the_first_episode_end_and_mask_the_rest():
     assert (returns == lengths).all() and lengths.max() == v.shape[0] and 1 <= lengths.min()
 
 
-def g_reference(policy, theta, obs, act, rew, gamma=0.99):
-    """g(tau | theta) = 1/L sum_t grad log pi_theta(a_t | s_t) w_t, one step at a time."""
+def g_sum(policy, theta, obs, act, rew, gamma=0.99):
+    """sum_t grad log pi_theta(a_t | s_t) w_t over one trajectory, one step at a time."""
     w = weights_reference(rew, gamma)
-    return sum(grad_log_prob(policy, theta, obs[t], act[t])[0] * w[t] for t in range(len(rew))) / len(rew)
+    return sum(grad_log_prob(policy, theta, obs[t], act[t])[0] * w[t] for t in range(len(rew)))
 
 
-def test_policy_gradient_matches_per_trajectory_reference():
-    """g^ = 1/N sum_j g(tau_j)."""
+def test_policy_gradient_matches_per_step_reference():
+    """g^ = sum over trajectories and steps of grad log pi(a_t | s_t) w_t / the batch's steps."""
     policy, theta = policy_and_theta()
     batch = batch_from_envs(policy, theta, 4, 5)
-    ref = sum(g_reference(policy, theta, *traj) for traj in trajectories(batch)) / 4
+    trajs = trajectories(batch)
+    ref = sum(g_sum(policy, theta, *traj) for traj in trajs) / sum(len(t[2]) for t in trajs)
     np.testing.assert_allclose(fp.policy_gradient(policy, theta, batch, 0.99).numpy(), ref.numpy(), atol=1e-6)
 
 
 def test_semi_stochastic_gradient_matches_reference():
-    """v = 1/n sum_j sum_t [grad log pi_n w_t - omega_j grad log pi_0 w_t] + mu, omega_j = prod_t pi_0 / pi_n."""
+    """v = sum_j sum_t grad log pi_n w_t / sum_j L_j - sum_j omega_j sum_t grad log pi_0 w_t / sum_j omega_j L_j + mu,
+    omega_j = prod_t pi_0(a_t|s_t) / pi_n(a_t|s_t)."""
     policy, theta_0 = policy_and_theta()
     theta_n = theta_0 + 0.05 * torch.randn(theta_0.shape, generator=torch.Generator().manual_seed(1))
     batch = batch_from_envs(policy, theta_n, 3, 9)
     mu = torch.randn(policy.num_params)
-    total, omegas = torch.zeros(policy.num_params, dtype=torch.float64), []
+    g_n, g_0, steps, weighted_steps, omegas = 0, 0, 0, 0, []
     for obs, act, rew in trajectories(batch):
         ratio = math.prod(math.exp(grad_log_prob(policy, theta_0, obs[t], act[t])[1] -
                                    grad_log_prob(policy, theta_n, obs[t], act[t])[1]) for t in range(len(rew)))
         omegas.append(ratio)
-        total += g_reference(policy, theta_n, obs, act, rew) - ratio * g_reference(policy, theta_0, obs, act, rew)
+        g_n, steps = g_n + g_sum(policy, theta_n, obs, act, rew), steps + len(rew)
+        g_0, weighted_steps = g_0 + ratio * g_sum(policy, theta_0, obs, act, rew), weighted_steps + ratio * len(rew)
     v, omega = fp.semi_stochastic_gradient(policy, theta_0, theta_n, mu, batch, 0.99)
     np.testing.assert_allclose(omega.numpy(), omegas, rtol=1e-4)
-    np.testing.assert_allclose(v.numpy(), (total / 3 + mu.double()).numpy(), atol=1e-5)
+    np.testing.assert_allclose(v.numpy(), (g_n / steps - g_0 / weighted_steps + mu.double()).numpy(), atol=1e-5)
     assert not np.allclose(omegas, 1.0)
 
 
 def test_importance_weighted_term_estimates_mu():
-    """E_theta_n[omega g(tau | theta_0)] = E_theta_0[g(tau | theta_0)]: over many trajectories sampled with theta_n,
-    v_n - mu (the correction) approaches g^(theta_n) - g^(theta_0), each estimated from its own policy's samples."""
+    """Over many trajectories sampled with theta_n, the correction v_n - mu approaches g^(theta_n) - g^(theta_0),
+    each estimated from its own policy's samples: the importance-weighted term estimates what mu does."""
     policy, theta_0 = policy_and_theta(hidden=(4,))
     theta_n = theta_0 + 0.1 * torch.randn(theta_0.shape, generator=torch.Generator().manual_seed(2))
     zero = torch.zeros(policy.num_params)
@@ -236,11 +237,11 @@ def test_fedavg_with_one_local_step_equals_the_centralized_update_on_the_pooled_
         envs = fp.make_env(ENV, args.B, fp.client_env_seed(args, 0, 0, k))
         batches.append(fp.sample_trajectories(policy, theta, envs, args.B, 500, gen))
     new, _ = fp.server_update(args, policy, theta, eta, torch.stack([r[0] for r in rows]),
-                              torch.full((3,), float(args.B)), 0, 0, 500)
+                              torch.tensor([float(r[1]) for r in rows]), 0, 0, 500)
     T = max(b["valid"].shape[0] for b in batches)
     pad = lambda x: torch.cat([x, x.new_zeros((T - x.shape[0], *x.shape[1:]))])  # noqa: E731
     pooled = {key: torch.cat([pad(b[key]) for b in batches], 1) for key in batches[0]}
-    assert int(pooled["valid"].sum()) == sum(r[1] for r in rows) and pooled["valid"].shape[1] == 12
+    assert int(pooled["valid"].sum()) == sum(r[1] for r in rows)
     central = theta + eta * fp.policy_gradient(policy, theta, pooled, args.gamma)
     torch.testing.assert_close(new, central, rtol=0, atol=1e-6)
     assert not torch.allclose(new, theta, atol=1e-4)
