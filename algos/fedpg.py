@@ -250,19 +250,18 @@ def semi_stochastic_gradient(policy: Policy, theta_0, theta_n, mu, batch: dict, 
     """FedPG-BR's inner-loop direction v_n = g^(theta_n) - g^_omega(theta_0) + mu on b trajectories sampled with
     theta_n, with importance weights omega_j = p(tau_j | theta_0) / p(tau_j | theta_n) = prod_t pi_theta_0(a_t|s_t) /
     pi_theta_n(a_t|s_t) (the dynamics cancel). g^ as policy_gradient's (a per-step mean); g^_omega weights trajectory
-    j's steps by omega_j and divides by sum_j omega_j L_j, so that it estimates the per-step mean under theta_0 that mu
-    estimates (dividing by sum_j L_j would scale it by E_0[L] / E_n[L]). Returns v_n, omega."""
+    j's steps by omega_j, over the same sum_j L_j steps (as the authors' code; see docs: not unbiased). Returns v_n,
+    omega."""
     m = batch["valid"].bool()
     w = trajectory_weights(batch["rewards"], batch["valid"], gamma)
     th_n, th_0 = theta_n.detach().requires_grad_(), theta_0.detach().requires_grad_()
     lp_n, lp_0 = policy.log_prob(th_n, batch["obs"][m], batch["actions"][m]), policy.log_prob(th_0, batch["obs"][m], batch["actions"][m])
     log_ratio = torch.zeros(m.shape)
     log_ratio[m] = (lp_0 - lp_n).detach()
-    log_omega = log_ratio.sum(0).double()  # omega_j / sum_k omega_k L_k in log space: finite when an omega overflows
-    c = (log_omega - torch.logsumexp(log_omega + m.sum(0).double().log(), 0)).exp().float()
+    omega = log_ratio.sum(0).exp()
     g_n = torch.autograd.grad((lp_n * w[m]).sum() / m.sum(), th_n)[0]
-    g_0 = torch.autograd.grad((lp_0 * (c * w)[m]).sum(), th_0)[0]
-    return g_n - g_0 + mu, log_omega.exp()
+    g_0 = torch.autograd.grad((lp_0 * (omega * w)[m]).sum() / m.sum(), th_0)[0]
+    return g_n - g_0 + mu, omega
 
 
 def byzantine_filter(mu: torch.Tensor, B: int, sigma: float, delta: float, alpha: float):
@@ -400,6 +399,8 @@ def server_update(args: Args, policy: Policy, theta, eta: float, u: torch.Tensor
         batch = sample_trajectories(policy, theta_n, envs, args.b, max_steps, generator)
         envs.close()
         v, omega = semi_stochastic_gradient(policy, theta_0, theta_n, mu, batch, args.gamma)
+        if not torch.isfinite(v).all():  # an importance weight overflowed float32: end the inner loop here
+            break
         theta_n = theta_n + eta * clip_norm(v, args.max_grad_norm)
         info["omega_max"] = max(info["omega_max"], float(omega.max()))
         info["server_trajectories"] += args.b
