@@ -121,8 +121,8 @@ def validate(args: Args) -> None:
         fail("trim_fraction", f"must be in [0, 0.5) and leave a client untrimmed, got {args.trim_fraction}")
     if args.aggregator == "fedpg-br" and args.local_updates != 1:
         fail("local_updates", "fedpg-br clients send one gradient per round; leave it at 1")
-    if not 0 <= args.heterogeneity < 1 or (args.heterogeneity and args.env_id != "CartPole-v1"):
-        fail("heterogeneity", f"must be in [0, 1) and varies CartPole-v1's pole length, got {args.heterogeneity}")
+    if not 0 <= args.heterogeneity < 1 or (args.heterogeneity and (args.env_id != "CartPole-v1" or args.num_clients < 2)):
+        fail("heterogeneity", f"must be in [0, 1); it varies CartPole-v1's pole over 2+ clients, got {args.heterogeneity}")
     if any(h <= 0 for h in args.hidden_sizes):
         fail("hidden_sizes", f"must be positive, got {args.hidden_sizes}")
     processes = int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else args.num_workers
@@ -142,8 +142,9 @@ def validate(args: Args) -> None:
 
 # ----------------------------------------------------------------------------------------------- environment
 def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, pole_scale: Optional[float] = None):
-    """`num_envs` envs, env i seeded with seed + i: envpool's, or (pole_scale given) gymnasium's vectorized CartPole
-    with a scaled pole, since envpool's classic-control physics is fixed. Both autoreset on the next step."""
+    """`num_envs` envs: envpool's (env i seeded with seed + i), or (pole_scale given) gymnasium's vectorized CartPole
+    with a scaled pole (one generator seeded with seed draws every start state), since envpool's classic-control
+    physics is fixed. Both autoreset on the next step."""
     if pole_scale is not None:
         from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
         envs = CartPoleVectorEnv(num_envs)
@@ -415,6 +416,14 @@ def evaluate(policy: Policy, theta, env_id: str, episodes: int, seed: int, max_s
     return (batch["rewards"] * batch["valid"]).sum(0).numpy()
 
 
+STOP = {"signal": 0}  # the last SIGTERM/SIGUSR1 (SLURM preemption) this process received
+
+
+def catch_signals() -> None:
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, lambda signum, frame: STOP.update(signal=signum))
+
+
 def save_checkpoint(path: str, payload: dict) -> None:
     """Atomic: write a temporary file beside the target, then rename over it."""
     tmp = f"{path}.tmp{os.getpid()}"
@@ -438,6 +447,7 @@ def setup_distributed(args: Args) -> None:
 
 def worker_entry(index: int, args: Args, num_workers: int, parent: int) -> None:
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the parent, whatever kills it
+    catch_signals()  # from the start: a signal while main() sets up still ends in a checkpoint
     if os.getppid() != parent:  # the parent died before the line above
         os._exit(1)
     os.environ.update(RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(num_workers),
@@ -452,10 +462,20 @@ def spawn_workers(args: Args, num_workers: int) -> int:
     with socket.socket() as s:  # a free port for the group's rendezvous (torch's TCPStore), not a protocol
         s.bind(("127.0.0.1", 0))
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+    procs = []  # a signal that comes before the workers exist is kept (STOP) and passed on once they do
+
+    def forward(signum, frame=None):
+        STOP.update(signal=signum)
+        for p in procs:
+            if p.is_alive():
+                os.kill(p.pid, signum)
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, forward)
     ctx = mp.start_processes(worker_entry, args=(args, num_workers, os.getpid()), nprocs=num_workers, join=False,
                              start_method="fork")
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, lambda signum, frame: [os.kill(p.pid, signum) for p in ctx.processes if p.is_alive()])
+    procs.extend(ctx.processes)
+    if STOP["signal"]:
+        forward(STOP["signal"])
     try:
         while not ctx.join(timeout=1.0):
             pass
@@ -468,13 +488,11 @@ def spawn_workers(args: Args, num_workers: int) -> int:
 
 def main(args: Args) -> int:
     warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")  # envpool's spaces
+    catch_signals()  # SIGTERM/SIGUSR1 (SLURM preemption) on any rank: checkpoint after the current round, exit 0
     validate(args)
     num_workers = args.num_workers or min(args.num_clients, available_cpus())
     if "WORLD_SIZE" not in os.environ and num_workers > 1:
         return spawn_workers(args, num_workers)
-    stop = {"signal": 0}  # SIGTERM/SIGUSR1 (SLURM preemption) on any rank: checkpoint after the round, exit 0
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, lambda signum, frame: stop.update(signal=signum))
     setup_distributed(args)
     args.learning_rate = args.learning_rate or (2.0 if args.aggregator == "fedpg-br" else 8.0)
     rank, world, K = args.rank, args.world_size, args.num_clients
@@ -546,7 +564,7 @@ def main(args: Args) -> int:
         if rank == 0:
             done = state["global_step"] / args.total_timesteps
             head[:D], head[D], head[D + 2] = theta, float(done >= 1), args.learning_rate * (1 - done if args.anneal_lr else 1)
-        head[D + 1] = float(stop["signal"] != 0)
+        head[D + 1] = float(STOP["signal"] != 0)
         if world > 1:
             dist.all_reduce(head)
         theta, eta = head[:D].float(), float(head[D + 2])
