@@ -516,7 +516,7 @@ def main(args: Args) -> int:
     # the last rounds' honest episodes, config what must not change across a resume.
     config = f"{args.env_id} {args.aggregator} K={K} M={args.num_byzantine} {args.attack} B={args.B} b={args.b} " \
              f"E={args.local_updates} h={args.heterogeneity} seed={args.seed} hidden={args.hidden_sizes}"
-    state = dict(round=0, global_step=0, trajectories=0, server_trajectories=0, wall_time_s=0.0, time_to_threshold_s=None,
+    state = dict(round=0, global_step=0, server_trajectories=0, wall_time_s=0.0, time_to_threshold_s=None,
                  threshold_step=None, threshold_trajectories=None, eval_threshold_trajectories=None, kept_byzantine=0.0,
                  kept_honest=0.0, recent=[], config=config)
     # Rank 0 reads the checkpoint and sends it to the other ranks: nodes need no shared filesystem.
@@ -592,7 +592,7 @@ def main(args: Args) -> int:
                                     state["server_trajectories"], max_steps)
         server_time = time.time() - t1
         state["global_step"] += int(rows[:, 1].sum()) + info["server_steps"]
-        state["trajectories"] += args.B * args.local_updates
+        trajectories = state["round"] * args.B * args.local_updates  # each client's, so far
         state["server_trajectories"] += info["server_trajectories"]
         kept_byzantine, kept_honest = float(info["kept"][~honest].float().mean()), float(info["kept"][honest].float().mean())
         state["kept_byzantine"] += kept_byzantine if byzantine else 0.0
@@ -602,16 +602,16 @@ def main(args: Args) -> int:
         recent_mean, recent_count = last20()
         if threshold is not None and state["time_to_threshold_s"] is None and recent_count >= 20 and recent_mean >= threshold:
             state.update(time_to_threshold_s=state["wall_time_s"] + time.time() - PROCESS_START,
-                         threshold_step=state["global_step"], threshold_trajectories=state["trajectories"])
+                         threshold_step=state["global_step"], threshold_trajectories=trajectories)
         if args.eval_every and state["round"] % args.eval_every == 0:
             eval_return = float(evaluate(policy, theta, args.env_id, args.eval_episodes, args.seed + 10**6, max_steps).mean())
-            writer.add_scalar("eval/round_return", eval_return, state["trajectories"])
+            writer.add_scalar("eval/round_return", eval_return, trajectories)
             if threshold is not None and state["eval_threshold_trajectories"] is None and eval_return >= threshold:
-                state["eval_threshold_trajectories"] = state["trajectories"]
+                state["eval_threshold_trajectories"] = trajectories
         now = time.time()
         sps = (state["global_step"] - steps_at_start) / (now - train_start)
         scalars = {"charts/episodic_return": round_return, "charts/SPS": sps, "charts/learning_rate": eta,
-                   "charts/trajectories_per_client": state["trajectories"], "losses/theta_norm": float(theta.norm()),
+                   "charts/trajectories_per_client": trajectories, "losses/theta_norm": float(theta.norm()),
                    "losses/update_norm_median": float(rows[:, META:].norm(dim=1).median()),
                    "stats/bytes_per_client_up": bytes_up, "stats/bytes_per_client_down": bytes_down,
                    "stats/bytes_per_round": K * (bytes_up + bytes_down), "stats/client_time_s": client_time,
@@ -624,7 +624,7 @@ def main(args: Args) -> int:
         if now - last_print > 2.0:
             last_print = now
             print(f"round {state['round']} global_step={state['global_step']} SPS={sps:.0f} trajectories/client="
-                  f"{state['trajectories']} return={round_return:.1f} kept={int(info['kept'].sum())}/{K}", flush=True)
+                  f"{trajectories} return={round_return:.1f} kept={int(info['kept'].sum())}/{K}", flush=True)
     if head[D + 1] > 0:  # SIGTERM/SIGUSR1 on some rank (SLURM preemption): save, then exit cleanly
         if rank == 0:
             checkpoint()
@@ -638,7 +638,7 @@ def main(args: Args) -> int:
                    "world_size": world, "num_clients": K, "num_byzantine": args.num_byzantine, "attack": args.attack,
                    "byzantine_clients": byzantine, "heterogeneity": args.heterogeneity, "learning_rate": args.learning_rate,
                    "global_step": state["global_step"], "rounds": state["round"],
-                   "trajectories_per_client": state["trajectories"], "server_trajectories": state["server_trajectories"],
+                   "trajectories_per_client": state["round"] * args.B * args.local_updates, "server_trajectories": state["server_trajectories"],
                    "wall_time_s": state["wall_time_s"] + time.time() - PROCESS_START, "sps": sps,
                    "train_time_s": time.time() - train_start,
                    "eval_return_mean": float(np.mean(eval_returns)), "eval_return_std": float(np.std(eval_returns)),
