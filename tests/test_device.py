@@ -10,7 +10,7 @@ from torch.utils._pytree import tree_flatten
 
 from conftest import load_algo
 
-ddppo, impala, seed = load_algo("ddppo"), load_algo("impala"), load_algo("seed")
+ddppo, impala, seed, apex = load_algo("ddppo"), load_algo("impala"), load_algo("seed"), load_algo("apex")
 META, CPU = torch.device("meta"), torch.device("cpu")
 aten = torch.ops.aten
 # Explicit moves between devices (`.to`, `.cpu()`, `x[t] = cpu_tensor`, `torch.tensor(data)`) are allowed, as on CUDA.
@@ -178,3 +178,29 @@ def test_vtrace_learner_on_device(on_device, module, use_lstm):
     module.adam_step(params, grad, state, 1e-3)
     assert losses.device == grad.device == state["v"].device == META
     assert len(module.evaluate(agent, "CartPole-v1", 2, 0, META)) == 2
+
+
+# ------------------------------------------------------------------------------------------ Ape-X learner
+@pytest.mark.parametrize("obs_shape", [(4,), (4, 84, 84)])
+def test_apex_learner_on_device(on_device, obs_shape):
+    """The replay stays on the CPU; each sampled batch and its importance weights must arrive on the device, and
+    the loss, optimizer and priority update must run from there."""
+    spec = apex.envpool.make_spec("CartPole-v1" if len(obs_shape) == 1 else "Pong-v5")
+    replay = apex.PrioritizedReplay(64, spec, 0.6, 1e-6, META)
+    dtype = torch.float32 if len(obs_shape) == 1 else torch.uint8
+    replay.add({"obs": torch.zeros((40,) + obs_shape, dtype=dtype), "next_obs": torch.zeros((40,) + obs_shape, dtype=dtype),
+                "actions": torch.zeros(40, dtype=torch.long), "returns": torch.zeros(40), "discounts": torch.zeros(40)},
+               torch.rand(40))
+    q_net, target_net = apex.QNetwork(obs_shape, 6).to(META), apex.QNetwork(obs_shape, 6).to(META)
+    idx, batch, weights = replay.sample(8, 0.5, np.random.default_rng(0))
+    assert weights.device == META and all(v.device == META for v in batch.values())
+    loss, abs_td = apex.apex_loss(q_net, target_net, batch, weights)
+    loss.backward()
+    params = list(q_net.parameters())
+    grad = apex.clip_grad(torch.cat([p.grad.reshape(-1) for p in params]), 10.0)
+    state = apex.optimizer_init(params)
+    apex.adam_step(params, grad, state, 1e-3)
+    replay.update_priorities(idx, abs_td)
+    assert grad.device == state["v"].device == META
+    if len(obs_shape) == 1:
+        assert len(apex.evaluate(q_net, "CartPole-v1", 2, 0, META)) == 2

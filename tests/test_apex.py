@@ -1,0 +1,301 @@
+"""Ape-X (algos/apex.py): the pure functions against slow references written from the papers (the epsilon_i
+schedule, n-step targets, double-Q TD errors, the sum tree and proportional prioritized replay), the actors'
+blocks, smoke/torchrun/determinism/failure runs and learning with the defaults."""
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+from conftest import (SUMMARY_KEYS, LAUNCH_KEYS, assert_bad_argument, assert_solves, bad_cases, check_ok, kill_one_worker,
+                      load_algo, sigterm_then_resume)
+
+apex = load_algo("apex")
+FAST = ["--total-timesteps", 6144, "--learning-starts", 1024]  # whole blocks (8 x 16 steps) on 1 and 2 actors
+
+
+def test_epsilon_schedule():
+    """epsilon_i = epsilon^(1 + alpha i / (N - 1)) (paper, Section 4): 0.4 for i = 0, 0.4^8 for i = N - 1."""
+    eps = apex.epsilons(0.4, 7.0, 8)
+    assert eps[0] == pytest.approx(0.4) and eps[-1] == pytest.approx(0.4 ** 8)
+    for i in range(8):
+        assert eps[i] == pytest.approx(0.4 ** (1 + 7 * i / 7))
+    assert apex.epsilons(0.4, 7.0, 1).tolist() == [0.4]
+    assert np.all(np.diff(apex.epsilons(0.3, 5.0, 16)) < 0)
+
+
+def n_step_reference(r, term, done, gamma, n):
+    """Straight from the definition, one window at a time: add gamma^k r_{s+k} until n steps are summed or the
+    episode ends at s+k; bootstrap with gamma^m from x_{s+m} unless the episode terminated (a truncation does)."""
+    L, N = r.shape
+    G, disc, boot = np.zeros((L - n + 1, N)), np.zeros((L - n + 1, N)), np.zeros((L - n + 1, N), dtype=int)
+    for e in range(N):
+        for s in range(L - n + 1):
+            total, m = 0.0, n
+            for k in range(n):
+                total += gamma ** k * r[s + k, e]
+                if done[s + k, e]:
+                    m = k + 1
+                    break
+            G[s, e], boot[s, e] = total, s + m
+            disc[s, e] = 0.0 if term[s + m - 1, e] else gamma ** m
+    return G, disc, boot
+
+
+def random_steps(seed, L=30, N=5):
+    """[L, N] steps with terminations, truncations and envpool's reset steps (reward 0 after every end)."""
+    rng = np.random.default_rng(seed)
+    done = rng.random((L, N)) < 0.15
+    done[1:] &= ~done[:-1]  # the step after an end is the reset step: never an end itself
+    term = done & (rng.random((L, N)) < 0.5)
+    r = rng.normal(size=(L, N))
+    r[1:][done[:-1]] = 0.0
+    assert term.any() and (done & ~term).any()
+    return r, term * 1.0, done * 1.0
+
+
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_n_step_targets_match_reference(n):
+    for seed in range(4):
+        r, term, done = random_steps(seed)
+        G, disc, boot = apex.n_step_targets(r, term, done, 0.97, n)
+        G_ref, disc_ref, boot_ref = n_step_reference(r, term, done, 0.97, n)
+        np.testing.assert_allclose(G, G_ref, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(disc, disc_ref, rtol=1e-12)
+        np.testing.assert_array_equal(boot, boot_ref)
+
+
+def test_dueling_double_q_td_errors():
+    """Q = V + A - mean A; delta = G + discount Q_target(x', argmax_a Q_online(x', a)) - Q_online(x, a), one sample
+    at a time, and the online network's argmax is used even where the target network would pick another action."""
+    torch.manual_seed(0)
+    online, target = apex.QNetwork((4,), 3), apex.QNetwork((4,), 3)
+    B = 16
+    obs, next_obs = torch.randn(B, 4), torch.randn(B, 4)
+    actions, G, disc = torch.randint(0, 3, (B,)), torch.randn(B), torch.rand(B)
+    delta, q_sa = apex.td_errors(online, target, obs, actions, G, disc, next_obs)
+    with torch.no_grad():
+        h = online.torso(obs)
+        adv = online.advantage(h)
+        torch.testing.assert_close(online(obs), online.value(h) + adv - adv.mean(1, keepdim=True))
+        differs = 0
+        for i in range(B):
+            a_star = int(online(next_obs[i:i + 1]).argmax())
+            differs += a_star != int(target(next_obs[i:i + 1]).argmax())
+            y = G[i] + disc[i] * target(next_obs[i:i + 1])[0, a_star]
+            assert delta[i].item() == pytest.approx((y - online(obs[i:i + 1])[0, actions[i]]).item(), abs=1e-5)
+    assert differs > 0  # the case that tells double Q from plain Q occurred
+    weights = torch.rand(B)
+    batch = {"obs": obs, "next_obs": next_obs, "actions": actions, "returns": G, "discounts": disc}
+    loss, abs_td = apex.apex_loss(online, target, batch, weights)
+    d = delta.detach()
+    huber = torch.where(d.abs() < 1, 0.5 * d ** 2, d.abs() - 0.5)
+    assert loss.item() == pytest.approx((weights * huber).mean().item(), rel=1e-5)
+    torch.testing.assert_close(abs_td, d.abs())
+    loss.backward()  # the target is a constant: no gradient reaches the target network
+    assert all(p.grad is None for p in target.parameters()) and all(p.grad is not None for p in online.parameters())
+
+
+def test_sum_tree_sampling_frequencies_match_priorities():
+    """Chi-square test of 200k draws over 300 leaves with random priorities (df = 299: mean 299, sd 24.5); a tree
+    that descends the wrong way, is off by one or keeps stale sums scores in the thousands."""
+    rng = np.random.default_rng(0)
+    tree, p = apex.SumTree(300), rng.random(300) ** 3 + 1e-3
+    tree.update(np.arange(300), p)
+    draws = 200_000
+    leaves = tree.find(rng.random(draws) * tree.total())
+    counts = np.bincount(leaves, minlength=tree.size)
+    assert counts[300:].sum() == 0
+    expected = draws * p / p.sum()
+    chi2 = ((counts[:300] - expected) ** 2 / expected).sum()
+    assert chi2 < 299 + 6 * np.sqrt(2 * 299), chi2
+    # the same after changing a third of the priorities (sums must be refreshed all the way up)
+    changed = rng.choice(300, 100, replace=False)
+    p[changed] = rng.random(100) * 5
+    tree.update(changed, p[changed])
+    counts = np.bincount(tree.find(rng.random(draws) * tree.total()), minlength=300)[:300]
+    expected = draws * p / p.sum()
+    assert ((counts - expected) ** 2 / expected).sum() < 299 + 6 * np.sqrt(2 * 299)
+
+
+def test_sum_tree_inner_nodes_and_fifo_eviction():
+    """After many inserts past capacity (FIFO) and priority updates, every inner node is the sum (min) of its
+    children, the total is the sum of the live transitions' p^alpha, and the oldest transitions were evicted."""
+    spec = apex.envpool.make_spec("CartPole-v1")
+    replay, rng, live = apex.PrioritizedReplay(100, spec, 0.6, 1e-6, torch.device("cpu")), np.random.default_rng(1), {}
+    for block in range(13):
+        k = int(rng.integers(1, 30))
+        td = torch.rand(k) * 3
+        obs = torch.full((k, 4), float(block))
+        replay.add({"obs": obs, "next_obs": obs, "actions": torch.zeros(k, dtype=torch.long), "returns": torch.zeros(k),
+                    "discounts": torch.zeros(k)}, td)
+        for j in range(k):
+            live[(replay.pos - k + j) % 100] = (block, (td[j].item() + 1e-6) ** 0.6)
+        idx = rng.integers(0, replay.size, 10)
+        new = torch.rand(10)
+        replay.update_priorities(idx, new)
+        for i, v in zip(idx, new.tolist()):
+            live[int(i)] = (live[int(i)][0], (v + 1e-6) ** 0.6)
+    tree = replay.tree
+    inner = np.arange(1, tree.size)
+    np.testing.assert_allclose(tree.sum[inner], tree.sum[2 * inner] + tree.sum[2 * inner + 1], rtol=1e-12)
+    np.testing.assert_array_equal(tree.min[inner], np.minimum(tree.min[2 * inner], tree.min[2 * inner + 1]))
+    assert replay.size == 100 and tree.total() == pytest.approx(sum(p for _, p in live.values()), rel=1e-10)
+    assert tree.min[1] == pytest.approx(min(p for _, p in live.values()))
+    for i, (block, _) in live.items():  # the data is the newest written to each slot
+        assert replay.data["obs"][i, 0].item() == block
+
+
+def test_importance_weights_match_reference():
+    """w_i = (N P(i))^-beta / max_j (N P(j))^-beta over the N stored transitions, P(i) = p_i^alpha / sum p^alpha;
+    and a stratified batch holds one draw per slice of the total priority."""
+    spec = apex.envpool.make_spec("CartPole-v1")
+    replay = apex.PrioritizedReplay(64, spec, 0.6, 1e-6, torch.device("cpu"))
+    td = torch.rand(50) * 2
+    replay.add({"obs": torch.randn(50, 4), "next_obs": torch.randn(50, 4), "actions": torch.zeros(50, dtype=torch.long),
+                "returns": torch.arange(50.0), "discounts": torch.zeros(50)}, td)
+    P = (td.double().numpy() + 1e-6) ** 0.6
+    P = P / P.sum()
+    w_all = (50 * P) ** -0.5
+    idx, batch, w = replay.sample(32, 0.5, np.random.default_rng(0))
+    np.testing.assert_allclose(w.numpy(), w_all[idx] / w_all.max(), rtol=1e-5)
+    assert torch.equal(batch["returns"], torch.as_tensor(idx, dtype=torch.float32))  # the rows of the sampled leaves
+    cdf = np.concatenate([[0], np.cumsum(P)])
+    slice_of = np.floor(cdf[idx] * 32 + 1e-9)  # the slice each drawn leaf starts in is at most its own slice
+    assert np.all(slice_of <= np.arange(32)) and np.all(np.floor(cdf[idx + 1] * 32 - 1e-9) >= np.arange(32))
+
+
+def test_adam_matches_torch_bitwise():
+    torch.manual_seed(0)
+    ours = [torch.randn(5, 3), torch.randn(7)]
+    ref = [p.clone().requires_grad_() for p in ours]
+    opt, state = torch.optim.Adam(ref, lr=3e-3, eps=1e-5), apex.optimizer_init(ours)
+    for _ in range(5):
+        grads = [torch.randn_like(p) for p in ours]
+        for p, g in zip(ref, grads):
+            p.grad = g.clone()
+        opt.step()
+        apex.adam_step(ours, torch.cat([g.reshape(-1) for g in grads]), state, 3e-3)
+    assert all(torch.equal(a, b.detach()) for a, b in zip(ours, ref))
+
+
+def test_actor_blocks_are_n_step_transitions_of_one_stream():
+    """A real actor (CartPole: reward 1 per step) over shared buffers: every valid window's n-step return and
+    discount follow from its episode end, consecutive windows continue one another across blocks (x' of a window
+    that did not end is x of the window n steps later), reset steps are invalid windows, and the actor's
+    priorities are |delta| of its own network."""
+    args = apex.Args(num_envs=3, block_length=5, n_step=3, num_actors=1, deterministic=True)
+    args.total_actors, gamma, T, N, n = 1, args.gamma, 5, 3, 3
+    spec = apex.envpool.make_spec(args.env_id)
+    net = apex.QNetwork(spec.observation_space.shape, 2, hidden=args.hidden_size)
+    buffers = apex.block_buffers(args, spec, 2)
+    store = apex.ParameterStore(sum(p.numel() for p in net.parameters()))
+    store.publish(apex.flat_params(net), 0)
+    ctx = mp.get_context("fork")
+    free_q, full_q = ctx.Queue(maxsize=2), ctx.Queue(maxsize=2)
+    for k in range(2):
+        free_q.put(k)
+    actor = ctx.Process(target=apex.actor_loop, args=(0, args, spec, apex.LocalLink(buffers, store, free_q, full_q)),
+                        daemon=True)
+    actor.start()
+    try:
+        windows = []
+        for b in range(40):
+            k = full_q.get(timeout=30)
+            assert buffers["meta"][k].tolist() == [max(b - 1, 0), 0, b]
+            blk = {key: v[k].clone() for key, v in buffers.items()}
+            if b >= 1:  # the version block b + 1 waits for
+                store.publish(apex.flat_params(net), b)
+            free_q.put(k)
+            windows += [{key: blk[key].view(T, N, *blk[key].shape[1:])[t] for key in
+                         ("obs", "next_obs", "actions", "returns", "discounts", "priorities", "valid")} for t in range(T)]
+            delta, _ = apex.td_errors(net, net, blk["obs"], blk["actions"], blk["returns"], blk["discounts"], blk["next_obs"])
+            torch.testing.assert_close(blk["priorities"], delta.abs().detach())
+        ended = terminated = invalid = 0
+        for s, w in enumerate(windows[:-n]):
+            for e in range(N):
+                if not w["valid"][e]:
+                    invalid += 1
+                    continue
+                m = next((k + 1 for k in range(n) if windows[s + k + 1]["valid"][e] == 0), n)
+                assert w["returns"][e].item() == pytest.approx(sum(gamma ** k for k in range(m)), rel=1e-6)
+                if m == n and windows[s + n]["valid"][e]:  # the bootstrap state is the window n steps later's start
+                    assert torch.equal(w["next_obs"][e], windows[s + n]["obs"][e])
+                    assert w["discounts"][e].item() == pytest.approx(gamma ** n)
+                elif m < n:
+                    ended += 1
+                    terminated += w["discounts"][e].item() == 0.0
+                    assert w["discounts"][e].item() in (0.0, pytest.approx(gamma ** m))
+        assert ended > 0 and terminated > 0 and invalid > 0
+    finally:
+        actor.kill()
+        actor.join()
+
+
+def test_smoke_two_actors(runner):
+    check_ok(runner.run("apex", *FAST, "--num-actors", 2))
+    s = runner.summary("CartPole-v1", "apex")
+    assert SUMMARY_KEYS <= s.keys() and s["algo"] == "apex" and s["num_actors"] == 2
+    assert s["global_step"] == 6144 and s["learner_updates"] == (6144 - 1024) // apex.Args().steps_per_update
+    assert s["policy_lag_mean"] >= 0
+    assert s["replay_inserts_per_s"] > 0 and s["replay_samples_per_s"] > 0
+    assert list(runner.run_dir("CartPole-v1", "apex").glob("events.*"))
+
+
+def test_torchrun_two_ranks(runner):
+    """Rank 0: learner, replay and one local actor; rank 1: a remote actor shipping its blocks through gloo."""
+    check_ok(runner.run("apex", *FAST, "--num-actors", 1, nproc=2))
+    s = runner.summary("CartPole-v1", "apex")
+    assert s["world_size"] == 2 and s["total_actors"] == 2 and s["global_step"] == 6144
+
+
+def test_torchrun_deterministic_is_bitwise(runner):
+    for name in ("a", "b"):
+        check_ok(runner.run("apex", *FAST, "--num-actors", 1, "--deterministic", "--exp-name", name, nproc=2))
+    a, b = runner.summary("CartPole-v1", "a"), runner.summary("CartPole-v1", "b")
+    assert a["params_sha256"] == b["params_sha256"]
+
+
+def test_learns_cartpole_with_defaults(runner):
+    assert_solves(runner, "apex")
+
+
+@pytest.mark.parametrize("cpus", [1, 2, 3, 16])
+def test_default_actor_count_fits_any_core_count(monkeypatch, cpus):
+    m = load_algo("apex")
+    monkeypatch.setattr(m, "available_cpus", lambda: cpus)
+    assert m.default_num_actors(m.Args()) == max(1, cpus - 1)
+    m.validate(m.Args(deterministic=True))
+
+
+def test_deterministic_mode_is_bitwise(runner):
+    args = [*FAST, "--deterministic", "--num-actors", 2, "--save-model"]
+    for name in ("a", "b"):
+        check_ok(runner.run("apex", *args, "--exp-name", name))
+    a, b = runner.summary("CartPole-v1", "a"), runner.summary("CartPole-v1", "b")
+    assert {k: v for k, v in a.items() if k not in LAUNCH_KEYS | {"replay_inserts_per_s", "replay_samples_per_s",
+                                                                  "learner_updates_per_s", "learner_compute_s"}} == \
+        {k: v for k, v in b.items() if k not in LAUNCH_KEYS | {"replay_inserts_per_s", "replay_samples_per_s",
+                                                               "learner_updates_per_s", "learner_compute_s"}}
+    wa = torch.load(runner.run_dir("CartPole-v1", "a") / "model.pt", weights_only=True)
+    wb = torch.load(runner.run_dir("CartPole-v1", "b") / "model.pt", weights_only=True)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_killed_actor_ends_the_job(runner):
+    proc = runner.start("apex", "--total-timesteps", 10**7, "--num-actors", 2)
+    out = kill_one_worker(proc, "apex.py", lambda: list(runner.cwd.glob("runs/*/events.*")))
+    assert "actor 1" in out, out
+
+
+def test_sigterm_checkpoint_resume(runner):
+    s = sigterm_then_resume(runner, "apex", "CartPole-v1", "--total-timesteps", 40000)
+    assert s["global_step"] >= 40000 and s["learner_updates"] > 0
+
+
+@pytest.mark.parametrize("args,name", bad_cases([
+    (["--seed", -1], "seed"), (["--env-id", "NoSuchEnv-v0"], "env-id"), (["--env-id", "Pendulum-v1"], "env-id"),
+    (["--n-step", 0], "n-step"), (["--gamma", 1.5], "gamma"), (["--beta", 0], "beta"), (["--network", "nature"], "network"),
+    (["--batch-size", 512, "--buffer-size", 256], "batch-size"), (["--num-buffers", 1], "num-buffers"),
+    (["--steps-per-update", 0], "steps-per-update"), (["--num-envs", 0], "num-envs")]))
+def test_bad_arguments(runner, args, name):
+    assert_bad_argument(runner.run("apex", *args), name, runner.cwd)
