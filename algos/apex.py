@@ -122,11 +122,11 @@ def validate(args: Args) -> None:
         fail("seed", f"must be in [0, 2**30), got {args.seed}")
     for name in ["total_timesteps", "eval_episodes", "learning_rate", "adam_eps", "batch_size", "buffer_size", "n_step",
                  "priority_eps", "target_network_frequency", "steps_per_update", "num_envs", "block_length", "hidden_size",
-                 "actor_update_interval"]:
+                 "actor_update_interval", "max_grad_norm"]:
         if getattr(args, name) <= 0:
             fail(name, f"must be positive, got {getattr(args, name)}")
-    for name in ["torch_threads", "env_threads", "num_actors", "num_buffers", "checkpoint_every", "max_grad_norm",
-                 "learning_starts", "alpha", "epsilon_alpha", "threshold_epsilon"]:
+    for name in ["torch_threads", "env_threads", "num_actors", "num_buffers", "checkpoint_every", "learning_starts",
+                 "alpha", "epsilon_alpha", "threshold_epsilon"]:
         if getattr(args, name) < 0:
             fail(name, f"must not be negative, got {getattr(args, name)}")
     for name in ["gamma", "beta", "epsilon"]:
@@ -134,6 +134,8 @@ def validate(args: Args) -> None:
             fail(name, f"must be in (0, 1], got {getattr(args, name)}")
     if args.batch_size > args.buffer_size:
         fail("batch_size", f"{args.batch_size} exceeds --buffer-size {args.buffer_size}")
+    if args.block_length * args.num_envs > args.buffer_size:
+        fail("buffer_size", f"{args.buffer_size} is smaller than one block ({args.block_length} x {args.num_envs})")
     if args.num_buffers and args.num_buffers < 2 * (default_num_actors(args) + int(os.environ.get("WORLD_SIZE", "1")) - 1):
         fail("num_buffers", f"{args.num_buffers} is too few: every actor needs two")
     if args.env_id not in envpool.list_all_envs():
@@ -160,8 +162,7 @@ def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, **kwar
 
 
 def env_seed(args: Args, actor: int) -> int:
-    """Seed of env 0 of `actor` (local actors first, then one per remote rank) in run segment args.segment (0, then
-    one more per resume): distinct for every env, actor and segment."""
+    """Seed of env 0 of `actor` (local ones, then one per remote rank) in run segment args.segment (0, +1 per resume)."""
     return args.seed + (args.segment * args.total_actors + actor) * args.num_envs
 
 
@@ -173,11 +174,10 @@ def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -
 
 
 class QNetwork(nn.Module):
-    """Dueling architecture (Wang et al., 2016): a torso, then a value stream V(s) and an advantage stream A(s, a),
-    combined as Q(s, a) = V(s) + A(s, a) - mean_a' A(s, a'). Torso: a 64-64 ReLU MLP for vectors, the Nature CNN
-    for images (uint8 frames divided by 255 here, so the replay keeps them as uint8)."""
+    """Dueling architecture (Wang et al., 2016): Q(s, a) = V(s) + A(s, a) - mean_a' A(s, a') over a torso: a 2-layer
+    ReLU MLP for vectors, the Nature CNN for images (uint8 frames divided by 255 here: the replay keeps uint8)."""
 
-    def __init__(self, obs_shape, num_actions: int, network: str = "auto", hidden: int = 64):
+    def __init__(self, obs_shape, num_actions: int, network: str = "auto", hidden: int = 128):
         super().__init__()
         self.image = len(obs_shape) == 3
         if (network == "auto" and self.image) or network == "nature":
@@ -292,10 +292,9 @@ class PrioritizedReplay:
         dtype = torch.uint8 if len(obs_shape) == 3 else torch.float32
         self.capacity, self.alpha, self.eps, self.pos, self.size = capacity, alpha, eps, 0, 0
         self.tree = SumTree(capacity)
-        self.data = {"obs": torch.zeros((capacity,) + obs_shape, dtype=dtype),
-                     "next_obs": torch.zeros((capacity,) + obs_shape, dtype=dtype),
-                     "actions": torch.zeros(capacity, dtype=torch.long),
-                     "returns": torch.zeros(capacity), "discounts": torch.zeros(capacity)}
+        self.data = {k: torch.zeros((capacity,) + obs_shape, dtype=dtype) for k in ("obs", "next_obs")}
+        self.data.update(actions=torch.zeros(capacity, dtype=torch.long), returns=torch.zeros(capacity),
+                         discounts=torch.zeros(capacity))
         self.device = device
 
     def nbytes(self) -> int:
@@ -303,6 +302,8 @@ class PrioritizedReplay:
 
     def add(self, transitions: dict, abs_td: torch.Tensor) -> None:
         k = abs_td.shape[0]
+        if k == 0:  # a block whose windows all start on reset steps
+            return
         idx = (self.pos + np.arange(k)) % self.capacity
         t = torch.from_numpy(idx)
         for key, value in self.data.items():
@@ -367,9 +368,8 @@ def block_buffers(args: Args, spec, num_buffers: int, shared: bool = True) -> di
 
 
 class ParameterStore:
-    """The learner's latest parameters in shared memory, double-buffered: version v lives in slot v % 2. A
-    sequence counter per slot (odd while it is written) lets actors copy without a lock, so an actor killed in
-    the middle of a copy cannot block anyone."""
+    """The learner's parameters in shared memory, double-buffered (version v in slot v % 2); a sequence counter per
+    slot (odd while written) lets actors copy without a lock, so an actor killed mid-copy blocks no one."""
 
     def __init__(self, num_params: int):
         self.slots = torch.zeros(2, num_params).share_memory_()
@@ -548,7 +548,8 @@ def remote_bridge(actor: int, peer: int, group, args: Args, buffers: dict, store
             # Stopping: take the block the actor is sending into a scratch copy, then answer "stop".
             scratch = scratch or {key: value[0].clone() for key, value in buffers.items()}
             target = scratch if k is None else {key: value[k] for key, value in buffers.items()}
-            [dist.recv(target[key], peer, group=group) for key in sorted(target)]
+            for key in sorted(target):
+                dist.recv(target[key], peer, group=group)
             if k is not None:
                 full_q.put(k)
             sequence += 1
@@ -648,14 +649,13 @@ def main(args: Args) -> int:
     recent = deque(maxlen=20)
     if ckpt:
         q_net.load_state_dict(ckpt["model"])
-        target_net.load_state_dict(ckpt["target"])
         opt_state, elapsed_before, wall_before = ckpt["optimizer"], ckpt["elapsed_s"], ckpt["wall_time_s"]
-        global_step, updates = ckpt["global_step"], ckpt["updates"]
-        time_to_threshold, threshold_step = ckpt["time_to_threshold_s"], ckpt["threshold_step"]
+        global_step, updates, time_to_threshold = ckpt["global_step"], ckpt["updates"], ckpt["time_to_threshold_s"]
+        threshold_step = ckpt["threshold_step"]
         recent.extend(ckpt["recent_returns"])
-    else:
-        target_net.load_state_dict(q_net.state_dict())
-    eps_all = torch.as_tensor(epsilons(args.epsilon, args.epsilon_alpha, args.total_actors * args.num_envs)).view(args.total_actors, -1)
+    target_net.load_state_dict(ckpt["target"] if ckpt else q_net.state_dict())
+    eps_all = torch.as_tensor(epsilons(args.epsilon, args.epsilon_alpha, args.total_actors * args.num_envs))
+    eps_all = eps_all.view(args.total_actors, -1)
     counted_eps = max(args.threshold_epsilon, eps_all.min().item())  # episodes of these envs count for the threshold
 
     # Shared memory and actors first (fork before the learner computes anything), then the bridges and logging.
@@ -669,11 +669,13 @@ def main(args: Args) -> int:
         free_q.put(k)
     actors = [ctx.Process(target=actor_loop, args=(i, args, spec, LocalLink(buffers, store, free_q, full_q)), daemon=True)
               for i in range(args.num_actors)]
-    [p.start() for p in actors]
+    for p in actors:
+        p.start()
     control = {}
     bridges = [threading.Thread(target=remote_bridge, daemon=True, args=(args.num_actors + r - 1, r, groups[r], args,
                                 buffers, store, free_q, full_q, control)) for r in range(1, world)]
-    [b.start() for b in bridges]
+    for b in bridges:
+        b.start()
     replay = PrioritizedReplay(args.buffer_size, spec, args.alpha, args.priority_eps, device)
     rng = np.random.default_rng(args.seed + 10**9 + args.segment)
 
@@ -734,7 +736,8 @@ def main(args: Args) -> int:
                 q_net.zero_grad(set_to_none=False)
                 loss.backward()
                 grad = clip_grad(torch.cat([p.grad.reshape(-1) for p in params]), args.max_grad_norm)
-                lr = args.learning_rate * (1.0 - global_step / args.total_timesteps) if args.anneal_lr else args.learning_rate
+                frac = max(0.0, 1.0 - global_step / args.total_timesteps)  # the last block may pass total_timesteps
+                lr = args.learning_rate * frac if args.anneal_lr else args.learning_rate
                 adam_step(params, grad, opt_state, lr, eps=args.adam_eps)
                 t2 = time.time()
                 replay.update_priorities(idx, abs_td)
@@ -762,7 +765,7 @@ def main(args: Args) -> int:
             ep_return, ep_length = buffers["ep_return"][k].clone(), buffers["ep_length"][k].clone()
             free_q.put(k)
             blocks, global_step = blocks + 1, global_step + block_steps
-            lags.append(updates - versions[version])
+            lags.append(updates - versions.get(version, min(versions.values())))  # an older one: at least this lag
             ended = ~torch.isnan(ep_return)
             env_eps = eps_all[actor].expand_as(ended)[ended].tolist()
             for ret, length, e in zip(ep_return[ended].tolist(), ep_length[ended].tolist(), env_eps):
@@ -780,7 +783,8 @@ def main(args: Args) -> int:
                            "stats/replay_inserts_per_s": n_insert / t_insert, "stats/replay_samples_per_s": n_sample / t_sample,
                            "stats/learner_updates_per_s": updates / (wall_before + now - train_start),
                            "stats/full_queue": full_q.qsize()}
-                [writer.add_scalar(key, value, global_step) for key, value in scalars.items()]
+                for key, value in scalars.items():
+                    writer.add_scalar(key, value, global_step)
                 last_print, mean = now, f"{np.mean(recent):.1f}" if recent else "n/a"
                 print(f"global_step={global_step} updates={updates} SPS={sps:.0f} replay={replay.size} "
                       f"policy_lag={lags[-1]} return(last {len(recent)})={mean}", flush=True)
@@ -791,9 +795,11 @@ def main(args: Args) -> int:
         else:
             wall = wall_before + time.time() - train_start
             control["stop"] = True
-            [p.kill() for p in actors]  # the actors' CPU is the evaluation's now
+            for p in actors:  # the actors' CPU is the evaluation's now
+                p.kill()
             eval_returns = evaluate(q_net, args.env_id, args.eval_episodes, args.seed + 10**6, device)
-            [writer.add_scalar("eval/episodic_return", r, i) for i, r in enumerate(eval_returns)]
+            for i, r in enumerate(eval_returns):
+                writer.add_scalar("eval/episodic_return", r, i)
             import hashlib
             summary = {"algo": "apex", "env_id": args.env_id, "seed": args.seed, "world_size": world, "num_actors": args.num_actors,
                        "total_actors": args.total_actors, "deterministic": args.deterministic, "global_step": global_step,
@@ -817,8 +823,10 @@ def main(args: Args) -> int:
         exit_code = 1
     finally:
         control["stop"] = True
-        [p.kill() for p in actors]
-        [p.join() for p in actors]
+        for p in actors:
+            p.kill()
+        for p in actors:
+            p.join()
     writer.close()
     if args.track:
         wandb.finish()  # imported above, with wandb.init
