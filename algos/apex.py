@@ -69,6 +69,7 @@ class Args:
     total_timesteps: int = 200_000  # total environment steps taken by all actors
     eval_episodes: int = 10  # episodes of the final, greedy policy to evaluate at the end
     # --- algorithm ---
+    mask_velocity: bool = False  # CartPole-v1 with the velocities removed (observation: cart position, pole angle)
     network: Literal["auto", "mlp", "nature"] = "auto"  # torso: 2-layer ReLU MLP or Nature-CNN (auto: by observation)
     hidden_size: int = 128  # width of the MLP torso's two layers (vector observations)
     learning_rate: float = 1e-3  # Adam's learning rate (paper: centered RMSProp, 0.00025 / 4; see docs/apex.md)
@@ -146,6 +147,8 @@ def validate(args: Args) -> None:
         fail("env_id", f"'{args.env_id}' has observation space {obs_space}; Ape-X here needs a flat or image Box")
     if not isinstance(act_space, gym.spaces.Discrete):
         fail("env_id", f"'{args.env_id}' has action space {act_space}; DQN needs Discrete actions")
+    if args.mask_velocity and args.env_id != "CartPole-v1":
+        fail("mask_velocity", f"is for CartPole-v1, not '{args.env_id}'")
     if args.network != "auto" and (args.network == "nature") != (len(obs_space.shape) == 3):
         fail("network", f"'{args.network}' does not fit observations of shape {obs_space.shape} ('{args.env_id}')")
 
@@ -159,6 +162,15 @@ def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, **kwar
     extra.update(kwargs)
     return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_threads=num_threads,
                         thread_affinity_offset=-1, **extra)
+
+
+def observe(obs: np.ndarray, mask_velocity: bool) -> np.ndarray:
+    """What the network sees: with --mask-velocity, CartPole's cart position and pole angle (columns 0 and 2) only."""
+    return obs[..., [0, 2]] if mask_velocity else obs
+
+
+def obs_shape(args: Args, spec) -> tuple:
+    return (2,) if args.mask_velocity else spec.observation_space.shape
 
 
 def env_seed(args: Args, actor: int) -> int:
@@ -285,16 +297,13 @@ class SumTree:
 
 class PrioritizedReplay:
     """Ape-X's central replay: a ring of `capacity` transitions (FIFO eviction), trees over their p_i^alpha. Sampling
-    is stratified (one draw in each of batch_size equal slices of the total); w_i = (N P(i))^-beta / max_j w_j."""
+    is stratified (one draw in each of batch_size equal slices of the total); w_i = (N P(i))^-beta / max_j w_j.
+    `fields`: one transition's tensors (shape and dtype of each field)."""
 
-    def __init__(self, capacity: int, spec, alpha: float, eps: float, device):
-        obs_shape = spec.observation_space.shape
-        dtype = torch.uint8 if len(obs_shape) == 3 else torch.float32
+    def __init__(self, capacity: int, fields: dict, alpha: float, eps: float, device):
         self.capacity, self.alpha, self.eps, self.pos, self.size = capacity, alpha, eps, 0, 0
         self.tree = SumTree(capacity)
-        self.data = {k: torch.zeros((capacity,) + obs_shape, dtype=dtype) for k in ("obs", "next_obs")}
-        self.data.update(actions=torch.zeros(capacity, dtype=torch.long), returns=torch.zeros(capacity),
-                         discounts=torch.zeros(capacity))
+        self.data = {k: torch.zeros((capacity,) + v.shape, dtype=v.dtype) for k, v in fields.items()}
         self.device = device
 
     def nbytes(self) -> int:
@@ -354,13 +363,16 @@ def clip_grad(grad: torch.Tensor, max_norm: float) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------- roles
+TRANSITION_KEYS = ("obs", "next_obs", "actions", "returns", "discounts")
+
+
 def block_buffers(args: Args, spec, num_buffers: int, shared: bool = True) -> dict:
     """Preallocated blocks [K, ...]: per transition (T x N) x, action, n-step return, discount, x', the actor's |delta|,
     valid (0 where a window starts on envpool's reset step); per step collected (an actor's first block has n - 1
     more) the return and length of an episode that ended there (NaN elsewhere); version, actor, sequence."""
-    T, N, L, obs_shape = args.block_length, args.num_envs, args.block_length + args.n_step - 1, spec.observation_space.shape
-    dtype = torch.uint8 if len(obs_shape) == 3 else torch.float32
-    b = {k: torch.zeros((num_buffers, T * N) + obs_shape, dtype=dtype) for k in ("obs", "next_obs")}
+    T, N, L, shape = args.block_length, args.num_envs, args.block_length + args.n_step - 1, obs_shape(args, spec)
+    dtype = torch.uint8 if len(shape) == 3 else torch.float32
+    b = {k: torch.zeros((num_buffers, T * N) + shape, dtype=dtype) for k in ("obs", "next_obs")}
     b.update({k: torch.zeros((num_buffers, T * N)) for k in ("returns", "discounts", "priorities", "valid")})
     b.update(actions=torch.zeros((num_buffers, T * N), dtype=torch.long), ep_return=torch.zeros((num_buffers, L, N)),
              ep_length=torch.zeros((num_buffers, L, N)), meta=torch.zeros((num_buffers, 3), dtype=torch.long))
@@ -462,9 +474,9 @@ def actor_loop(actor: int, args: Args, spec, link, local: bool = True) -> None:
     seed = env_seed(args, actor)
     envs, rng = make_env(args.env_id, N, seed, args.env_threads or 1), np.random.default_rng(seed)
     eps = epsilons(args.epsilon, args.epsilon_alpha, args.total_actors * N)[actor * N:(actor + 1) * N]
-    net = QNetwork(spec.observation_space.shape, A, args.network, args.hidden_size)
+    net = QNetwork(obs_shape(args, spec), A, args.network, args.hidden_size)
     flat = flat_params(net)
-    obs = envs.reset()[0]
+    obs = observe(envs.reset()[0], args.mask_velocity)
     hist = {"obs": np.zeros((L + 1,) + obs.shape, dtype=obs.dtype), "actions": np.zeros((L, N), dtype=np.int64),
             "rewards": np.zeros((L, N)), "terms": np.zeros((L, N)), "dones": np.zeros((L, N)), "valid": np.zeros((L, N))}
     valid, fill = np.ones(N), 0  # valid: 0 while x_t is a final observation (envpool's reset step comes next)
@@ -492,7 +504,7 @@ def actor_loop(actor: int, args: Args, spec, link, local: bool = True) -> None:
                 greedy = net(torch.as_tensor(obs)).argmax(-1).numpy()
             action = np.where(rng.random(N) < eps, rng.integers(A, size=N), greedy)
             o, r, term, trunc, info = envs.step(action)
-            done = term | trunc
+            o, done = observe(o, args.mask_velocity), term | trunc
             # Episode statistics (Atari: raw rewards and real game over); the reset step after an end adds nothing.
             ep_return += info.get("reward", r) * ~prev_done
             ep_length += ~prev_done
@@ -561,14 +573,14 @@ class ActorDied(RuntimeError):
     """An actor (or the link to a remote one) is gone: the job ends non-zero."""
 
 
-def evaluate(net: QNetwork, env_id: str, episodes: int, seed: int, device):
+def evaluate(net: QNetwork, env_id: str, episodes: int, seed: int, device, mask_velocity: bool = False):
     """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short episodes)."""
     envs = make_env(env_id, episodes, seed, **(dict(episodic_life=False, reward_clip=False) if net.image else {}))
     obs, _ = envs.reset()
     returns, done = np.zeros(episodes), np.zeros(episodes, dtype=bool)
     while not done.all():
         with torch.no_grad():
-            action = net(torch.as_tensor(obs, device=device)).argmax(-1).cpu().numpy()
+            action = net(torch.as_tensor(observe(obs, mask_velocity), device=device)).argmax(-1).cpu().numpy()
         obs, r, term, trunc, info = envs.step(action)
         returns += info.get("reward", r) * ~done
         done |= (info["terminated"].astype(bool) if "terminated" in info else term) | trunc
@@ -629,7 +641,7 @@ def main(args: Args) -> int:
     args.segment, args.num_actors = shared.tolist()
     args.total_actors = args.num_actors + world - 1
     num_buffers = args.num_buffers or 2 * args.total_actors + 2
-    num_params = sum(p.numel() for p in QNetwork(spec.observation_space.shape, A, args.network, args.hidden_size).parameters())
+    num_params = sum(p.numel() for p in QNetwork(obs_shape(args, spec), A, args.network, args.hidden_size).parameters())
     if rank > 0:  # a remote actor: its index follows the learner's local actors
         actor_loop(args.num_actors + rank - 1, args, spec, RemoteLink(args, spec, groups[rank], num_params), local=False)
         dist.barrier()
@@ -641,8 +653,8 @@ def main(args: Args) -> int:
         torch.backends.cudnn.deterministic = args.torch_deterministic
 
     threshold = spec.reward_threshold  # None for envs without one
-    q_net = QNetwork(spec.observation_space.shape, A, args.network, args.hidden_size).to(device)
-    target_net = QNetwork(spec.observation_space.shape, A, args.network, args.hidden_size).to(device)
+    q_net = QNetwork(obs_shape(args, spec), A, args.network, args.hidden_size).to(device)
+    target_net = QNetwork(obs_shape(args, spec), A, args.network, args.hidden_size).to(device)
     params = list(q_net.parameters())
     opt_state = optimizer_init(params)
     global_step, updates, wall_before, elapsed_before, time_to_threshold, threshold_step = 0, 0, 0.0, 0.0, None, None
@@ -676,7 +688,8 @@ def main(args: Args) -> int:
                                 buffers, store, free_q, full_q, control)) for r in range(1, world)]
     for b in bridges:
         b.start()
-    replay = PrioritizedReplay(args.buffer_size, spec, args.alpha, args.priority_eps, device)
+    replay = PrioritizedReplay(args.buffer_size, {k: buffers[k][0, 0] for k in TRANSITION_KEYS}, args.alpha,
+                               args.priority_eps, device)
     rng = np.random.default_rng(args.seed + 10**9 + args.segment)
 
     from torch.utils.tensorboard import SummaryWriter
@@ -759,7 +772,7 @@ def main(args: Args) -> int:
             k = next_block(pending, (blocks // args.total_actors, blocks % args.total_actors))
             t0 = time.time()
             valid = buffers["valid"][k] > 0
-            replay.add({key: buffers[key][k][valid] for key in replay.data}, buffers["priorities"][k][valid])
+            replay.add({key: buffers[key][k][valid] for key in TRANSITION_KEYS}, buffers["priorities"][k][valid])
             t_insert, n_insert = t_insert + time.time() - t0, n_insert + int(valid.sum())
             version, actor, _ = buffers["meta"][k].tolist()
             ep_return, ep_length = buffers["ep_return"][k].clone(), buffers["ep_length"][k].clone()
@@ -797,11 +810,11 @@ def main(args: Args) -> int:
             control["stop"] = True
             for p in actors:  # the actors' CPU is the evaluation's now
                 p.kill()
-            eval_returns = evaluate(q_net, args.env_id, args.eval_episodes, args.seed + 10**6, device)
+            eval_returns = evaluate(q_net, args.env_id, args.eval_episodes, args.seed + 10**6, device, args.mask_velocity)
             for i, r in enumerate(eval_returns):
                 writer.add_scalar("eval/episodic_return", r, i)
             import hashlib
-            summary = {"algo": "apex", "env_id": args.env_id, "seed": args.seed, "world_size": world, "num_actors": args.num_actors,
+            summary = {"algo": "apex", "env_id": args.env_id, "mask_velocity": args.mask_velocity, "seed": args.seed, "world_size": world, "num_actors": args.num_actors,
                        "total_actors": args.total_actors, "deterministic": args.deterministic, "global_step": global_step,
                        "learner_updates": updates, "wall_time_s": elapsed_before + time.time() - PROCESS_START,
                        "sps": global_step / wall, "train_time_s": wall, "eval_return_mean": float(np.mean(eval_returns)),

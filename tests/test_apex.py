@@ -1,6 +1,7 @@
 """Ape-X (algos/apex.py): the pure functions against slow references written from the papers (the epsilon_i
 schedule, n-step targets, double-Q TD errors, the sum tree and proportional prioritized replay), the actors'
-blocks, smoke/torchrun/determinism/failure runs and learning with the defaults."""
+blocks and learning with the defaults; and the smoke/torchrun/determinism/failure runs of Ape-X and R2D2
+(algos/r2d2.py, which runs on the same actors, replay and links)."""
 import math
 
 import numpy as np
@@ -12,6 +13,12 @@ from conftest import (SUMMARY_KEYS, LAUNCH_KEYS, assert_bad_argument, assert_sol
 
 apex = load_algo("apex")
 FAST = ["--total-timesteps", 6144, "--learning-starts", 1024]  # whole blocks (8 x 16 steps) on 1 and 2 actors
+
+
+def transition_fields(obs_shape=(4,), dtype=torch.float32) -> dict:
+    """One transition's fields as the replay stores them (shape and dtype)."""
+    return {"obs": torch.zeros(obs_shape, dtype=dtype), "next_obs": torch.zeros(obs_shape, dtype=dtype),
+            "actions": torch.zeros((), dtype=torch.long), "returns": torch.zeros(()), "discounts": torch.zeros(())}
 
 
 def test_epsilon_schedule():
@@ -121,8 +128,7 @@ def test_sum_tree_sampling_frequencies_match_priorities():
 def test_sum_tree_inner_nodes_and_fifo_eviction():
     """After many inserts past capacity (FIFO) and priority updates, every inner node is the sum (min) of its
     children, the total is the sum of the live transitions' p^alpha, and the oldest transitions were evicted."""
-    spec = apex.envpool.make_spec("CartPole-v1")
-    replay, rng, live = apex.PrioritizedReplay(100, spec, 0.6, 1e-6, torch.device("cpu")), np.random.default_rng(1), {}
+    replay, rng, live = apex.PrioritizedReplay(100, transition_fields(), 0.6, 1e-6, torch.device("cpu")), np.random.default_rng(1), {}
     for block in range(13):
         k = int(rng.integers(1, 30))
         td = torch.rand(k) * 3
@@ -149,8 +155,7 @@ def test_sum_tree_inner_nodes_and_fifo_eviction():
 def test_importance_weights_match_reference():
     """w_i = (N P(i))^-beta / max_j (N P(j))^-beta over the N stored transitions, P(i) = p_i^alpha / sum p^alpha;
     and a stratified batch holds one draw per slice of the total priority."""
-    spec = apex.envpool.make_spec("CartPole-v1")
-    replay = apex.PrioritizedReplay(64, spec, 0.6, 1e-6, torch.device("cpu"))
+    replay = apex.PrioritizedReplay(64, transition_fields(), 0.6, 1e-6, torch.device("cpu"))
     td = torch.rand(50) * 2
     replay.add({"obs": torch.randn(50, 4), "next_obs": torch.randn(50, 4), "actions": torch.zeros(50, dtype=torch.long),
                 "returns": torch.arange(50.0), "discounts": torch.zeros(50)}, td)
@@ -168,8 +173,7 @@ def test_importance_weights_match_reference():
 def test_replay_takes_an_empty_block_and_clamps_at_the_total():
     """A block whose windows all start on reset steps adds nothing; a draw at the very top of the total priority
     (where float sums can overshoot the written leaves) still lands on a written transition."""
-    spec = apex.envpool.make_spec("CartPole-v1")
-    replay = apex.PrioritizedReplay(16, spec, 0.6, 1e-6, torch.device("cpu"))
+    replay = apex.PrioritizedReplay(16, transition_fields(), 0.6, 1e-6, torch.device("cpu"))
     empty = {"obs": torch.zeros(0, 4), "next_obs": torch.zeros(0, 4), "actions": torch.zeros(0, dtype=torch.long),
              "returns": torch.zeros(0), "discounts": torch.zeros(0)}
     replay.add(empty, torch.zeros(0))
@@ -250,26 +254,39 @@ def test_actor_blocks_are_n_step_transitions_of_one_stream():
         actor.join()
 
 
-def test_smoke_two_actors(runner):
-    check_ok(runner.run("apex", *FAST, "--num-actors", 2))
-    s = runner.summary("CartPole-v1", "apex")
-    assert SUMMARY_KEYS <= s.keys() and s["algo"] == "apex" and s["num_actors"] == 2
-    assert s["global_step"] == 6144 and s["learner_updates"] == (6144 - 1024) // apex.Args().steps_per_update
+ALGOS = ["apex", "r2d2"]  # R2D2 runs on Ape-X's actors, replay and links: the runs below are shared
+
+
+def updates_allowed(name: str, steps: int, starts: int = -1) -> int:
+    """Learner updates the rate limit allows after `steps` environment steps of a run segment (starts: learning_starts,
+    -1 for the default)."""
+    defaults = load_algo(name).Args()
+    return max(0, math.ceil((steps - (defaults.learning_starts if starts < 0 else starts)) / defaults.steps_per_update))
+
+
+@pytest.mark.parametrize("name", ALGOS)
+def test_smoke_two_actors(runner, name):
+    check_ok(runner.run(name, *FAST, "--num-actors", 2))
+    s = runner.summary("CartPole-v1", name)
+    assert SUMMARY_KEYS <= s.keys() and s["algo"] == name and s["num_actors"] == 2
+    assert 6144 <= s["global_step"] < 6144 + 2 * 1024 and s["learner_updates"] == updates_allowed(name, s["global_step"], 1024)
     assert s["policy_lag_mean"] > 0  # actors fill blocks ahead of the learner's updates
     assert s["replay_inserts_per_s"] > 0 and s["replay_samples_per_s"] > 0
-    assert list(runner.run_dir("CartPole-v1", "apex").glob("events.*"))
+    assert list(runner.run_dir("CartPole-v1", name).glob("events.*"))
 
 
-def test_torchrun_two_ranks(runner):
+@pytest.mark.parametrize("name", ALGOS)
+def test_torchrun_two_ranks(runner, name):
     """Rank 0: learner, replay and one local actor; rank 1: a remote actor shipping its blocks through gloo."""
-    check_ok(runner.run("apex", *FAST, "--num-actors", 1, nproc=2))
-    s = runner.summary("CartPole-v1", "apex")
-    assert s["world_size"] == 2 and s["total_actors"] == 2 and s["global_step"] == 6144
+    check_ok(runner.run(name, *FAST, "--num-actors", 1, nproc=2))
+    s = runner.summary("CartPole-v1", name)
+    assert s["world_size"] == 2 and s["total_actors"] == 2 and s["global_step"] >= 6144
 
 
-def test_torchrun_deterministic_is_bitwise(runner):
-    for name in ("a", "b"):
-        check_ok(runner.run("apex", *FAST, "--num-actors", 1, "--deterministic", "--exp-name", name, nproc=2))
+@pytest.mark.parametrize("name", ALGOS)
+def test_torchrun_deterministic_is_bitwise(runner, name):
+    for exp in ("a", "b"):
+        check_ok(runner.run(name, *FAST, "--num-actors", 1, "--deterministic", "--exp-name", exp, nproc=2))
     a, b = runner.summary("CartPole-v1", "a"), runner.summary("CartPole-v1", "b")
     assert a["params_sha256"] == b["params_sha256"]
 
@@ -288,43 +305,46 @@ def test_default_actor_count_fits_any_core_count(monkeypatch, cpus):
     m.validate(m.Args(deterministic=True))
 
 
-def test_deterministic_mode_is_bitwise(runner):
+@pytest.mark.parametrize("name", ALGOS)
+def test_deterministic_mode_is_bitwise(runner, name):
     args = [*FAST, "--deterministic", "--num-actors", 2, "--save-model"]
-    for name in ("a", "b"):
-        check_ok(runner.run("apex", *args, "--exp-name", name))
+    for exp in ("a", "b"):
+        check_ok(runner.run(name, *args, "--exp-name", exp))
     a, b = runner.summary("CartPole-v1", "a"), runner.summary("CartPole-v1", "b")
-    assert {k: v for k, v in a.items() if k not in LAUNCH_KEYS | {"replay_inserts_per_s", "replay_samples_per_s",
-                                                                  "learner_updates_per_s", "learner_compute_s"}} == \
-        {k: v for k, v in b.items() if k not in LAUNCH_KEYS | {"replay_inserts_per_s", "replay_samples_per_s",
-                                                               "learner_updates_per_s", "learner_compute_s"}}
+    timing = LAUNCH_KEYS | {"replay_inserts_per_s", "replay_samples_per_s", "learner_updates_per_s", "learner_compute_s"}
+    assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}
     wa = torch.load(runner.run_dir("CartPole-v1", "a") / "model.pt", weights_only=True)
     wb = torch.load(runner.run_dir("CartPole-v1", "b") / "model.pt", weights_only=True)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_killed_actor_ends_the_job(runner):
-    proc = runner.start("apex", "--total-timesteps", 10**7, "--num-actors", 2)
-    out = kill_one_worker(proc, "apex.py", lambda: list(runner.cwd.glob("runs/*/events.*")))
+@pytest.mark.parametrize("name", ALGOS)
+def test_killed_actor_ends_the_job(runner, name):
+    proc = runner.start(name, "--total-timesteps", 10**7, "--num-actors", 2)
+    out = kill_one_worker(proc, f"{name}.py", lambda: list(runner.cwd.glob("runs/*/events.*")))
     assert "actor 1" in out, out
 
 
-def test_sigterm_checkpoint_resume(runner):
+@pytest.mark.parametrize("name", ALGOS)
+def test_sigterm_checkpoint_resume(runner, name):
     """The resumed run continues the checkpoint's counters (updates, steps) and refills its replay, so it makes
     fewer updates than an uninterrupted run (learning_starts again) but more than the resumed segment alone."""
-    s = sigterm_then_resume(runner, "apex", "CartPole-v1", "--total-timesteps", 40000)
+    s = sigterm_then_resume(runner, name, "CartPole-v1", "--total-timesteps", 40000)
     ckpt = torch.load(runner.run_dir("CartPole-v1", "cut") / "checkpoint.pt", weights_only=True)
-    spu, starts = apex.Args().steps_per_update, apex.Args().learning_starts
-    after = lambda steps: max(0, math.ceil((steps - starts) / spu))  # noqa: E731 - updates the rate limit allows
-    assert 0 < ckpt["global_step"] < s["global_step"] and ckpt["updates"] == after(ckpt["global_step"])
-    assert s["learner_updates"] == ckpt["updates"] + after(s["global_step"] - ckpt["global_step"])
-    assert s["learner_updates"] < after(s["global_step"])  # an uninterrupted run's count
+    assert 0 < ckpt["global_step"] < s["global_step"] and ckpt["updates"] == updates_allowed(name, ckpt["global_step"])
+    assert s["learner_updates"] == ckpt["updates"] + updates_allowed(name, s["global_step"] - ckpt["global_step"])
+    assert s["learner_updates"] < updates_allowed(name, s["global_step"])  # an uninterrupted run's count
 
 
-@pytest.mark.parametrize("args,name", bad_cases([
+@pytest.mark.parametrize("name,args,arg", [pytest.param("apex", *c.values, id=f"apex-{c.id}") for c in bad_cases([
     (["--seed", -1], "seed"), (["--env-id", "NoSuchEnv-v0"], "env-id"), (["--env-id", "Pendulum-v1"], "env-id"),
     (["--n-step", 0], "n-step"), (["--gamma", 1.5], "gamma"), (["--beta", 0], "beta"), (["--network", "nature"], "network"),
     (["--batch-size", 512, "--buffer-size", 256], "batch-size"), (["--num-buffers", 1], "num-buffers"),
     (["--steps-per-update", 0], "steps-per-update"), (["--num-envs", 0], "num-envs"),
-    (["--buffer-size", 100, "--batch-size", 32], "buffer-size"), (["--max-grad-norm", 0], "max-grad-norm")]))
-def test_bad_arguments(runner, args, name):
-    assert_bad_argument(runner.run("apex", *args), name, runner.cwd)
+    (["--buffer-size", 100, "--batch-size", 32], "buffer-size"), (["--max-grad-norm", 0], "max-grad-norm")])] +
+    [pytest.param("r2d2", *c.values, id=f"r2d2-{c.id}") for c in bad_cases([
+        (["--sequence-overlap", 20, "--sequence-length", 20], "sequence-overlap"), (["--burn-in", -1], "burn-in"),
+        (["--eta", 1.5], "eta"), (["--mask-velocity", "--env-id", "Acrobot-v1"], "mask-velocity"),
+        (["--buffer-size", 20, "--batch-size", 8], "buffer-size"), (["--value-rescaling-eps", 0], "value-rescaling-eps")])])
+def test_bad_arguments(runner, name, args, arg):
+    assert_bad_argument(runner.run(name, *args), arg, runner.cwd)

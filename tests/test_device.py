@@ -10,7 +10,7 @@ from torch.utils._pytree import tree_flatten
 
 from conftest import load_algo
 
-ddppo, impala, seed, apex = load_algo("ddppo"), load_algo("impala"), load_algo("seed"), load_algo("apex")
+ddppo, impala, seed, apex, r2d2 = load_algo("ddppo"), load_algo("impala"), load_algo("seed"), load_algo("apex"), load_algo("r2d2")
 META, CPU = torch.device("meta"), torch.device("cpu")
 aten = torch.ops.aten
 # Explicit moves between devices (`.to`, `.cpu()`, `x[t] = cpu_tensor`, `torch.tensor(data)`) are allowed, as on CUDA.
@@ -185,9 +185,10 @@ def test_vtrace_learner_on_device(on_device, module, use_lstm):
 def test_apex_learner_on_device(on_device, obs_shape):
     """The replay stays on the CPU; each sampled batch and its importance weights must arrive on the device, and
     the loss, optimizer and priority update must run from there."""
-    spec = apex.envpool.make_spec("CartPole-v1" if len(obs_shape) == 1 else "Pong-v5")
-    replay = apex.PrioritizedReplay(64, spec, 0.6, 1e-6, META)
     dtype = torch.float32 if len(obs_shape) == 1 else torch.uint8
+    replay = apex.PrioritizedReplay(64, {"obs": torch.zeros(obs_shape, dtype=dtype), "next_obs": torch.zeros(obs_shape, dtype=dtype),
+                                         "actions": torch.zeros((), dtype=torch.long), "returns": torch.zeros(()),
+                                         "discounts": torch.zeros(())}, 0.6, 1e-6, META)
     replay.add({"obs": torch.zeros((40,) + obs_shape, dtype=dtype), "next_obs": torch.zeros((40,) + obs_shape, dtype=dtype),
                 "actions": torch.zeros(40, dtype=torch.long), "returns": torch.zeros(40), "discounts": torch.zeros(40)},
                torch.rand(40))
@@ -204,3 +205,30 @@ def test_apex_learner_on_device(on_device, obs_shape):
     assert grad.device == state["v"].device == META
     if len(obs_shape) == 1:
         assert len(apex.evaluate(q_net, "CartPole-v1", 2, 0, META)) == 2
+
+
+# ------------------------------------------------------------------------------------------ R2D2 learner
+@pytest.mark.parametrize("obs_shape", [(2,), (4, 84, 84)])
+def test_r2d2_learner_on_device(on_device, obs_shape):
+    """The sequence replay stays on the CPU; each sampled batch (with its stored LSTM states) must arrive on the
+    device, and the burn-in, unroll, loss, optimizer and priority update must run from there."""
+    args = r2d2.Args(num_envs=2, burn_in=2, sequence_length=4, sequence_overlap=2, mask_velocity=len(obs_shape) == 1,
+                     env_id="CartPole-v1" if len(obs_shape) == 1 else "Pong-v5")
+    buffers = r2d2.block_buffers(args, r2d2.envpool.make_spec(args.env_id), 1, shared=False)
+    fields = {k: buffers[k][0, 0] for k in r2d2.SEQUENCE_KEYS}
+    replay = r2d2.PrioritizedReplay(16, fields, 0.9, 1e-6, META)
+    replay.add({k: buffers[k][0] for k in r2d2.SEQUENCE_KEYS}, torch.rand(4))
+    q_net = r2d2.QNetwork(obs_shape, 6, hidden=args.hidden_size).to(META)
+    target_net = r2d2.QNetwork(obs_shape, 6, hidden=args.hidden_size).to(META)
+    idx, batch, weights = replay.sample(3, 0.0, np.random.default_rng(0))
+    assert weights.device == META and all(v.device == META for v in batch.values())
+    loss, priorities = r2d2.r2d2_loss(q_net, target_net, batch, weights, args.burn_in, args.eta)
+    loss.backward()
+    params = list(q_net.parameters())
+    grad = r2d2.clip_grad(torch.cat([p.grad.reshape(-1) for p in params]), 10.0)
+    state = r2d2.optimizer_init(params)
+    r2d2.adam_step(params, grad, state, 1e-3)
+    replay.update_priorities(idx, priorities)
+    assert grad.device == state["v"].device == priorities.device == META
+    if len(obs_shape) == 1:
+        assert len(r2d2.evaluate(q_net, "CartPole-v1", 2, 0, META, mask_velocity=True)) == 2

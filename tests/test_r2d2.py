@@ -1,0 +1,182 @@
+"""R2D2 (algos/r2d2.py): value rescaling, sequence building and the burn-in loss against slow references written
+from the paper; the smoke/torchrun/determinism/failure runs it shares with Ape-X are in test_apex.py."""
+import numpy as np
+import pytest
+import torch
+from conftest import assert_solves, load_algo
+
+r2d2 = load_algo("r2d2")
+
+
+def test_value_rescaling_and_its_inverse():
+    """h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x; h(h^-1(x)) = x and h^-1(h(x)) = x over returns of any size."""
+    x = torch.cat([torch.linspace(-1e4, 1e4, 20001, dtype=torch.float64), torch.tensor([0.0, 1e-9, -1e-9], dtype=torch.float64)])
+    for eps in (1e-3, 1e-2):
+        assert r2d2.h(torch.tensor(3.0, dtype=torch.float64), eps).item() == pytest.approx(1.0 + 3 * eps)
+        assert r2d2.h(torch.tensor(-8.0, dtype=torch.float64), eps).item() == pytest.approx(-2.0 - 8 * eps)
+        torch.testing.assert_close(r2d2.h(r2d2.h_inv(x, eps), eps), x, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(r2d2.h_inv(r2d2.h(x, eps), eps), x, rtol=1e-9, atol=1e-9)
+    assert r2d2.h(torch.tensor(0.0)).item() == 0.0
+
+
+def random_stream(seed, L=400, N=3, obs_dim=2, hidden=4):
+    """[L, N] batch steps with terminations, truncations and envpool's reset steps (not real, after every end)."""
+    rng = np.random.default_rng(seed)
+    done = rng.random((L, N)) < 0.04
+    done[1:] &= ~done[:-1]
+    term = done & (rng.random((L, N)) < 0.5)
+    real = np.ones((L, N), dtype=bool)
+    real[1:] = ~done[:-1]
+    done &= real
+    obs = rng.normal(size=(L + 1, N, obs_dim)).astype(np.float32)
+    state = rng.normal(size=(L, N, 2, hidden)).astype(np.float32)
+    return dict(obs=obs, state=state, action=rng.integers(0, 3, (L, N)), reward=rng.normal(size=(L, N)), term=term,
+                done=done, real=real)
+
+
+def reference_sequences(stream, e, B, S, overlap, n, gamma):
+    """The sequences of env e, from the paper's description: split its real steps into episodes; in each, training
+    windows start at 0, S - overlap, 2 (S - overlap), ...; a window takes the next S steps or ends with the episode
+    (after which no window starts); it is preceded by up to B earlier steps of the episode (burn-in) and carries the
+    state before its first stored step. n-step returns are cut at the window's end, bootstrapping unless the
+    episode terminated there. Only windows that were complete when the stream ended are returned."""
+    L = stream["action"].shape[0]
+    out, episode = [], []
+    for t in range(L):
+        if not stream["real"][t, e]:
+            continue
+        episode.append(t)
+        if not (stream["done"][t, e] or t == L - 1):
+            continue
+        ended = bool(stream["done"][t, e])
+        T, s = len(episode), 0
+        while True:
+            end = min(s + S, T)
+            if not (end == s + S or ended):
+                break  # the episode's stream stopped before this window was complete
+            first = max(s - B, 0)
+            steps = episode[first:end]
+            seq = {"pad": B - (s - first), "obs": [stream["obs"][u, e] for u in steps], "actions": [stream["action"][u, e] for u in steps],
+                   "state": stream["state"][steps[0], e] if s - B >= 0 else np.zeros_like(stream["state"][0, e]), "length": end - s}
+            seq["obs"].append(stream["obs"][steps[-1] + 1, e])  # x after the last step: next observation or final one
+            returns, discounts, boots = [], [], []
+            for j in range(s, end):
+                m = min(n, end - j)
+                returns.append(sum(gamma ** k * stream["reward"][episode[j + k], e] for k in range(m)))
+                terminated = ended and j + m == T and stream["term"][episode[T - 1], e]
+                discounts.append(0.0 if terminated else gamma ** m)
+                boots.append(j + m - s)
+            seq.update(returns=returns, discounts=discounts, boots=boots)
+            out.append(seq)
+            if end == T:
+                break
+            s += S - overlap
+        episode = []
+    return out
+
+
+@pytest.mark.parametrize("B,S,overlap,n", [(3, 6, 3, 2), (0, 5, 2, 3), (4, 8, 0, 5), (2, 4, 3, 1)])
+def test_sequences_match_reference(B, S, overlap, n):
+    gamma, N, L = 0.9, 3, 400
+    stream = random_stream(B * 100 + S, L, N)
+    builder = r2d2.SequenceBuilder(N, B, S, overlap, n, gamma, stream["obs"][0], 4)
+    got = {e: [] for e in range(N)}
+    for t in range(L):
+        closed = builder.add(stream["obs"][t], stream["state"][t], stream["action"][t], stream["reward"][t],
+                             stream["term"][t], stream["done"][t], stream["obs"][t + 1], stream["real"][t])
+        for i, e in enumerate([] if closed is None else closed["env"]):
+            got[e].append({k: v[i] for k, v in closed.items()})
+    assert stream["term"].any() and (stream["done"] & ~stream["term"]).any()
+    for e in range(N):
+        ref = reference_sequences(stream, e, B, S, overlap, n, gamma)
+        assert len(got[e]) == len(ref) > 5
+        for g, r in zip(got[e], ref):
+            k, pad = r["length"], r["pad"]
+            assert g["obs_valid"].tolist() == [0.0] * pad + [1.0] * (B - pad + k + 1) + [0.0] * (S - k)
+            np.testing.assert_array_equal(g["obs"][pad:B + k + 1], np.stack(r["obs"]))
+            np.testing.assert_array_equal(g["actions"][pad:B + k], r["actions"])
+            np.testing.assert_array_equal(g["state"], r["state"])
+            assert g["train"].tolist() == [False] * B + [True] * k + [False] * (S - k)
+            np.testing.assert_allclose(g["returns"][B:B + k], r["returns"], rtol=1e-12)
+            np.testing.assert_allclose(g["discounts"][B:B + k], r["discounts"], rtol=1e-12)
+            np.testing.assert_array_equal(g["boot"][B:B + k] - B, r["boots"])
+
+
+def random_batch(seed, Bt=6, B=3, S=5, A=3, obs_dim=2, hidden=8):
+    """Sequences with padded burn-in prefixes (episode starts) and early ends."""
+    g = torch.Generator().manual_seed(seed)
+    P = B + S
+    pad, length = torch.randint(0, B + 1, (Bt,), generator=g), torch.randint(1, S + 1, (Bt,), generator=g)
+    length[0], pad[0] = S, 0
+    pos = torch.arange(P + 1)
+    valid = ((pos >= pad[:, None]) & (pos <= B + length[:, None])).float()
+    train = ((pos[:P] >= B) & (pos[:P] < B + length[:, None])).float()
+    boot = torch.minimum(pos[:P] + torch.randint(1, 4, (Bt, P), generator=g), B + length[:, None])
+    state = torch.randn(Bt, 2, hidden, generator=g) * (pad == 0).float()[:, None, None]
+    return {"obs": torch.randn(Bt, P + 1, obs_dim, generator=g) * valid[:, :, None], "obs_valid": valid, "state": state,
+            "actions": torch.randint(0, A, (Bt, P), generator=g), "returns": torch.randn(Bt, P, generator=g) * 5,
+            "discounts": torch.rand(Bt, P, generator=g), "boot": boot, "train": train}
+
+
+def reference_loss(online, target, batch, weights, B, eta, eps):
+    """One sequence and one step at a time: run the LSTM cell over the real steps from the stored state; for each
+    step with a loss, y = h(G + discount h^-1(Q_target(x_b, argmax_a Q_online(x_b, a)))), delta = y - Q_online(x, a)."""
+    losses, priorities = [], []
+    with torch.no_grad():
+        for i in range(batch["obs"].shape[0]):
+            qs = {}
+            for name, net in (("online", online), ("target", target)):
+                h, c = batch["state"][i, 0:1], batch["state"][i, 1:2]
+                qs[name] = []
+                for t in range(batch["obs"].shape[1]):
+                    if batch["obs_valid"][i, t]:
+                        h, c = net.lstm(net.torso(batch["obs"][i, t:t + 1]), (h, c))
+                    adv = net.advantage(h)
+                    qs[name].append((net.value(h) + adv - adv.mean(-1, keepdim=True))[0])
+            deltas = []
+            for t in range(B, batch["actions"].shape[1]):
+                if not batch["train"][i, t]:
+                    continue
+                b = int(batch["boot"][i, t])
+                q_boot = qs["target"][b][qs["online"][b].argmax()]
+                y = r2d2.h(batch["returns"][i, t] + batch["discounts"][i, t] * r2d2.h_inv(q_boot, eps), eps)
+                deltas.append((y - qs["online"][t][batch["actions"][i, t]]).item())
+            d = np.abs(deltas)
+            losses.append(weights[i].item() * np.mean(0.5 * np.square(deltas)))
+            priorities.append(eta * d.max() + (1 - eta) * d.mean())
+    return np.mean(losses), np.array(priorities)
+
+
+def test_loss_and_priorities_match_reference_and_burn_in_contributes_nothing():
+    torch.manual_seed(0)
+    online, target = r2d2.QNetwork((2,), 3, hidden=8), r2d2.QNetwork((2,), 3, hidden=8)
+    batch, weights = random_batch(1), torch.rand(6)
+    loss, prio = r2d2.r2d2_loss(online, target, batch, weights, 3, 0.9, 1e-3)
+    ref_loss, ref_prio = reference_loss(online, target, batch, weights, 3, 0.9, 1e-3)
+    assert loss.item() == pytest.approx(ref_loss, rel=1e-5)
+    np.testing.assert_allclose(prio.numpy(), ref_prio, rtol=1e-5)
+    # burn-in steps' actions, returns, discounts and bootstrap steps play no part
+    changed = {k: v.clone() for k, v in batch.items()}
+    changed["actions"][:, :3] = (changed["actions"][:, :3] + 1) % 3
+    changed["returns"][:, :3] += 100.0
+    changed["discounts"][:, :3] = 0.5
+    loss2, prio2 = r2d2.r2d2_loss(online, target, changed, weights, 3, 0.9, 1e-3)
+    assert loss2.item() == loss.item() and torch.equal(prio2, prio)
+    # no gradient flows back through the burn-in (its unroll only refreshes the state), and none into the target
+    obs = batch["obs"].clone().requires_grad_()
+    loss3, _ = r2d2.r2d2_loss(online, target, dict(batch, obs=obs), weights, 3, 0.9, 1e-3)
+    loss3.backward()
+    assert obs.grad[:, :3].abs().sum() == 0 and obs.grad[:, 3:].abs().sum() > 0
+    assert all(p.grad is None for p in target.parameters())
+    # the stored state matters: a different one changes the loss
+    loss4, _ = r2d2.r2d2_loss(online, target, dict(batch, state=batch["state"] + 1.0), weights, 3, 0.9, 1e-3)
+    assert loss4.item() != pytest.approx(loss.item(), rel=1e-6)
+
+
+def test_masked_cartpole_keeps_positions_only():
+    obs = np.arange(8.0).reshape(2, 4)
+    assert r2d2.observe(obs, True).tolist() == [[0.0, 2.0], [4.0, 6.0]] and r2d2.observe(obs, False) is obs
+
+
+def test_learns_masked_cartpole_with_defaults(runner):
+    assert_solves(runner, "r2d2", "--mask-velocity", seeds=(1, 2, 3, 4))
