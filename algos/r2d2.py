@@ -282,7 +282,7 @@ def r2d2_loss(q_net: nn.Module, target_net: nn.Module, batch: dict, weights: tor
     priority of a sequence eta max_t |delta_t| + (1 - eta) mean_t |delta_t|. Returns (loss, priorities)."""
     obs, valid, state = batch["obs"], batch["obs_valid"], (batch["state"][:, 0], batch["state"][:, 1])
     with torch.no_grad():
-        _, burnt = q_net(obs[:, :burn_in], state, valid[:, :burn_in])
+        burnt = q_net(obs[:, :burn_in], state, valid[:, :burn_in])[1] if burn_in else state
         q_target, _ = target_net(obs, state, valid)
     q, _ = q_net(obs[:, burn_in:], burnt, valid[:, burn_in:])  # [B, S + 1, A]: the S steps and the last bootstrap
     S, mask = q.shape[1] - 1, batch["train"][:, burn_in:]

@@ -59,10 +59,14 @@ SUITES = {
     "final_eval": {  # every file with its defaults: the final evaluation (what a user sees), 10 seeds
         algo: [PY, str(ROOT / f"algos/{algo}.py"), "--seed", "{seed}", "--exp-name", "bench"]
         for algo in ["ddppo", "impala", "seed", "es", "ga", "a3c", "fedpg", "apex"]
-    },
+    } | {"r2d2": [PY, str(ROOT / "algos/r2d2.py"), "--seed", "{seed}", "--exp-name", "bench", "--mask-velocity"]},
     "apex": {  # Ape-X with its defaults beside SB3's DQN (rl-zoo hyperparameters, given 200k steps)
         "apex": [PY, str(ROOT / "algos/apex.py"), "--seed", "{seed}", "--exp-name", "bench"],
         "sb3_dqn": [PY, str(ROOT / "benchmark/sb3_cartpole.py"), "--algo", "dqn", "--seed", "{seed}", "--out", "{out}"],
+    },
+    "r2d2": {  # masked CartPole (positions only): R2D2 and Ape-X, each with its defaults plus --mask-velocity
+        algo: [PY, str(ROOT / f"algos/{algo}.py"), "--seed", "{seed}", "--exp-name", "bench", "--mask-velocity"]
+        for algo in ["r2d2", "apex"]
     },
     "final_eval_fedpg": {  # the two federated runs the learning tests assert: defaults (fedavg), and fedpg-br with 3 of 10 sign-flip
         "fedpg": [PY, str(ROOT / "algos/fedpg.py"), "--seed", "{seed}", "--exp-name", "bench"],

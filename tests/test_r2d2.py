@@ -147,6 +147,17 @@ def reference_loss(online, target, batch, weights, B, eta, eps):
     return np.mean(losses), np.array(priorities)
 
 
+@pytest.mark.parametrize("B", [0, 1])
+def test_loss_matches_reference_without_or_with_a_short_burn_in(B):
+    torch.manual_seed(B)
+    online, target = r2d2.QNetwork((2,), 3, hidden=8), r2d2.QNetwork((2,), 3, hidden=8)
+    batch, weights = random_batch(2 + B, B=B), torch.rand(6)
+    loss, prio = r2d2.r2d2_loss(online, target, batch, weights, B, 0.9, 1e-3)
+    ref_loss, ref_prio = reference_loss(online, target, batch, weights, B, 0.9, 1e-3)
+    assert loss.item() == pytest.approx(ref_loss, rel=1e-5)
+    np.testing.assert_allclose(prio.numpy(), ref_prio, rtol=1e-5)
+
+
 def test_loss_and_priorities_match_reference_and_burn_in_contributes_nothing():
     torch.manual_seed(0)
     online, target = r2d2.QNetwork((2,), 3, hidden=8), r2d2.QNetwork((2,), 3, hidden=8)
@@ -171,6 +182,65 @@ def test_loss_and_priorities_match_reference_and_burn_in_contributes_nothing():
     # the stored state matters: a different one changes the loss
     loss4, _ = r2d2.r2d2_loss(online, target, dict(batch, state=batch["state"] + 1.0), weights, 3, 0.9, 1e-3)
     assert loss4.item() != pytest.approx(loss.item(), rel=1e-6)
+
+
+def test_actor_stores_the_state_before_each_sequence_and_its_own_priorities():
+    """A real actor (masked CartPole, reward 1 per step) over shared buffers: unrolling its network from one
+    sequence's stored state over the steps to the next sequence's start gives that sequence's stored state (so the
+    state kept with each step is the one before it); a sequence after an episode's end starts from a zero state
+    with a padded burn-in; the priorities are those of its own network; the return an ended sequence carries is
+    its episode's length."""
+    import torch.multiprocessing as mp
+    args = r2d2.Args(num_envs=3, burn_in=4, sequence_length=6, sequence_overlap=2, n_step=3, num_actors=1, hidden_size=8,
+                     deterministic=True, mask_velocity=True)
+    args.total_actors, B, S, period = 1, 4, 6, 4
+    spec = r2d2.envpool.make_spec(args.env_id)
+    torch.manual_seed(0)
+    net = r2d2.QNetwork((2,), 2, hidden=8)
+    buffers, store = r2d2.block_buffers(args, spec, 2), r2d2.ParameterStore(sum(p.numel() for p in net.parameters()))
+    store.publish(r2d2.flat_params(net), 0)
+    ctx = mp.get_context("fork")
+    free_q, full_q = ctx.Queue(maxsize=2), ctx.Queue(maxsize=2)
+    for k in range(2):
+        free_q.put(k)
+    actor = ctx.Process(target=r2d2.actor_loop, args=(0, args, spec, r2d2.LocalLink(buffers, store, free_q, full_q)),
+                        daemon=True)
+    actor.start()
+    per_env = {e: [] for e in range(3)}
+    try:
+        for b in range(50):
+            k = full_q.get(timeout=30)
+            count = int(buffers["meta"][k][3])
+            assert buffers["meta"][k].tolist()[:3] == [max(b - 1, 0), 0, b] and 3 <= count < 6
+            blk = {key: v[k][:count].clone() for key, v in buffers.items() if key != "meta"}
+            if b >= 1:
+                store.publish(r2d2.flat_params(net), b)
+            free_q.put(k)
+            _, priorities = r2d2.r2d2_loss(net, net, {key: blk[key] for key in r2d2.SEQUENCE_KEYS}, torch.ones(count), B, args.eta)
+            torch.testing.assert_close(blk["priorities"], priorities)
+            for i in range(count):
+                per_env[int(blk["env"][i])].append({key: v[i] for key, v in blk.items()})
+    finally:
+        actor.kill()
+        actor.join()
+    chained = ended = 0
+    for seqs in per_env.values():
+        length = 0
+        for prev, seq in zip([None] + seqs, seqs):
+            if prev is None or not torch.isnan(prev["ep_return"]):  # an episode's first sequence
+                if prev is not None:
+                    assert torch.all(seq["state"] == 0) and seq["obs_valid"][:B].sum() == 0
+                length = int(seq["train"].sum())
+            else:
+                with torch.no_grad():
+                    _, (h, c) = net(prev["obs"][None, :period], (prev["state"][None, 0], prev["state"][None, 1]),
+                                    prev["obs_valid"][None, :period])
+                torch.testing.assert_close(torch.stack([h[0], c[0]]), seq["state"], atol=1e-5, rtol=1e-5)
+                chained, length = chained + 1, length + int(seq["train"].sum()) - (S - period)
+            if not torch.isnan(seq["ep_return"]):
+                assert seq["ep_return"].item() == length == seq["ep_length"].item()
+                ended += 1
+    assert chained > 20 and ended > 20
 
 
 def test_masked_cartpole_keeps_positions_only():
