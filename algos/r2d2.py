@@ -78,7 +78,7 @@ class Args:
     anneal_lr: bool = True  # anneal the learning rate linearly to zero over total_timesteps (see docs/r2d2.md)
     adam_eps: float = 1e-3  # Adam's epsilon (paper: 1e-3)
     batch_size: int = 32  # sequences per learner update (paper: 64)
-    buffer_size: int = 10_000  # replay capacity in sequences; the oldest are evicted first (paper: 100k)
+    buffer_size: int = 20_000  # replay capacity in sequences; the oldest are evicted first (paper: 100k)
     gamma: float = 0.99  # discount factor (paper: 0.997, for episodes of thousands of steps)
     n_step: int = 5  # n of the n-step returns (paper: 5)
     sequence_length: int = 20  # steps of a replayed sequence that carry a loss (paper: 80)
@@ -91,7 +91,7 @@ class Args:
     priority_eps: float = 1e-6  # added to p so that no sequence has priority 0
     epsilon: float = 0.4  # epsilon_i = epsilon^(1 + epsilon_alpha i / (N - 1)) over the N environments (paper: 0.4)
     epsilon_alpha: float = 7.0  # the exponent's spread alpha of the epsilon_i schedule (paper: 7)
-    target_network_frequency: int = 250  # learner updates between copies to the target network (paper: 2500)
+    target_network_frequency: int = 500  # learner updates between copies to the target network (paper: 2500)
     max_grad_norm: float = 10.0  # global gradient-norm clip (paper: none given)
     learning_starts: int = 2000  # environment steps before the learner starts (per run segment)
     steps_per_update: float = 16.0  # environment steps per learner update: the rate limit between actors and learner
