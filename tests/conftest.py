@@ -226,3 +226,20 @@ def assert_solves(runner: Runner, name: str, *args, env_id: str = "CartPole-v1",
         if solved >= need or solved + len(seeds) - len(results) < need:
             break
     assert solved >= need, f"{name}: (seed, final eval, time to threshold) = {results}"
+
+
+def start_actor(module, args, spec, net, num_buffers: int = 2):
+    """One real actor of an Ape-X-family file (apex, r2d2) forked over `num_buffers` shared block buffers, with
+    `net`'s parameters published as version 0. Returns (process, buffers, store, free_q, full_q)."""
+    import torch.multiprocessing as mp
+    buffers = module.block_buffers(args, spec, num_buffers)
+    store = module.ParameterStore(sum(p.numel() for p in net.parameters()))
+    store.publish(module.flat_params(net), 0)
+    ctx = mp.get_context("fork")
+    free_q, full_q = ctx.Queue(maxsize=num_buffers), ctx.Queue(maxsize=num_buffers)
+    for k in range(num_buffers):
+        free_q.put(k)
+    actor = ctx.Process(target=module.actor_loop, args=(0, args, spec, module.LocalLink(buffers, store, free_q, full_q)),
+                        daemon=True)
+    actor.start()
+    return actor, buffers, store, free_q, full_q

@@ -7,9 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 from conftest import (SUMMARY_KEYS, LAUNCH_KEYS, assert_bad_argument, assert_solves, bad_cases, check_ok, kill_one_worker,
-                      load_algo, sigterm_then_resume)
+                      load_algo, sigterm_then_resume, start_actor)
 
 apex = load_algo("apex")
 FAST = ["--total-timesteps", 6144, "--learning-starts", 1024]  # whole blocks (8 x 16 steps) on 1 and 2 actors
@@ -209,16 +208,7 @@ def test_actor_blocks_are_n_step_transitions_of_one_stream():
     args.total_actors, gamma, T, N, n = 1, args.gamma, 5, 3, 3
     spec = apex.envpool.make_spec(args.env_id)
     net = apex.QNetwork(spec.observation_space.shape, 2, hidden=args.hidden_size)
-    buffers = apex.block_buffers(args, spec, 2)
-    store = apex.ParameterStore(sum(p.numel() for p in net.parameters()))
-    store.publish(apex.flat_params(net), 0)
-    ctx = mp.get_context("fork")
-    free_q, full_q = ctx.Queue(maxsize=2), ctx.Queue(maxsize=2)
-    for k in range(2):
-        free_q.put(k)
-    actor = ctx.Process(target=apex.actor_loop, args=(0, args, spec, apex.LocalLink(buffers, store, free_q, full_q)),
-                        daemon=True)
-    actor.start()
+    actor, buffers, store, free_q, full_q = start_actor(apex, args, spec, net)
     try:
         windows = []
         for b in range(40):

@@ -181,6 +181,17 @@ def test_vtrace_learner_on_device(on_device, module, use_lstm):
 
 
 # ------------------------------------------------------------------------------------------ Ape-X learner
+def replay_learner_step(module, q_net, loss, replay, idx, priorities) -> None:
+    """The rest of an Ape-X-family learner step (backward, clip, Adam, priority update), all on the device."""
+    loss.backward()
+    params = list(q_net.parameters())
+    grad = module.clip_grad(torch.cat([p.grad.reshape(-1) for p in params]), 10.0)
+    state = module.optimizer_init(params)
+    module.adam_step(params, grad, state, 1e-3)
+    replay.update_priorities(idx, priorities)
+    assert grad.device == state["v"].device == priorities.device == META
+
+
 @pytest.mark.parametrize("obs_shape", [(4,), (4, 84, 84)])
 def test_apex_learner_on_device(on_device, obs_shape):
     """The replay stays on the CPU; each sampled batch and its importance weights must arrive on the device, and
@@ -196,13 +207,7 @@ def test_apex_learner_on_device(on_device, obs_shape):
     idx, batch, weights = replay.sample(8, 0.5, np.random.default_rng(0))
     assert weights.device == META and all(v.device == META for v in batch.values())
     loss, abs_td = apex.apex_loss(q_net, target_net, batch, weights)
-    loss.backward()
-    params = list(q_net.parameters())
-    grad = apex.clip_grad(torch.cat([p.grad.reshape(-1) for p in params]), 10.0)
-    state = apex.optimizer_init(params)
-    apex.adam_step(params, grad, state, 1e-3)
-    replay.update_priorities(idx, abs_td)
-    assert grad.device == state["v"].device == META
+    replay_learner_step(apex, q_net, loss, replay, idx, abs_td)
     if len(obs_shape) == 1:
         assert len(apex.evaluate(q_net, "CartPole-v1", 2, 0, META)) == 2
 
@@ -223,12 +228,6 @@ def test_r2d2_learner_on_device(on_device, obs_shape):
     idx, batch, weights = replay.sample(3, 0.0, np.random.default_rng(0))
     assert weights.device == META and all(v.device == META for v in batch.values())
     loss, priorities = r2d2.r2d2_loss(q_net, target_net, batch, weights, args.burn_in, args.eta)
-    loss.backward()
-    params = list(q_net.parameters())
-    grad = r2d2.clip_grad(torch.cat([p.grad.reshape(-1) for p in params]), 10.0)
-    state = r2d2.optimizer_init(params)
-    r2d2.adam_step(params, grad, state, 1e-3)
-    replay.update_priorities(idx, priorities)
-    assert grad.device == state["v"].device == priorities.device == META
+    replay_learner_step(r2d2, q_net, loss, replay, idx, priorities)
     if len(obs_shape) == 1:
         assert len(r2d2.evaluate(q_net, "CartPole-v1", 2, 0, META, mask_velocity=True)) == 2

@@ -3,7 +3,7 @@ from the paper; the smoke/torchrun/determinism/failure runs it shares with Ape-X
 import numpy as np
 import pytest
 import torch
-from conftest import assert_solves, load_algo
+from conftest import assert_solves, load_algo, start_actor
 
 r2d2 = load_algo("r2d2")
 
@@ -190,22 +190,13 @@ def test_actor_stores_the_state_before_each_sequence_and_its_own_priorities():
     state kept with each step is the one before it); a sequence after an episode's end starts from a zero state
     with a padded burn-in; the priorities are those of its own network; the return an ended sequence carries is
     its episode's length."""
-    import torch.multiprocessing as mp
     args = r2d2.Args(num_envs=3, burn_in=4, sequence_length=6, sequence_overlap=2, n_step=3, num_actors=1, hidden_size=8,
                      deterministic=True, mask_velocity=True)
     args.total_actors, B, S, period = 1, 4, 6, 4
     spec = r2d2.envpool.make_spec(args.env_id)
     torch.manual_seed(0)
     net = r2d2.QNetwork((2,), 2, hidden=8)
-    buffers, store = r2d2.block_buffers(args, spec, 2), r2d2.ParameterStore(sum(p.numel() for p in net.parameters()))
-    store.publish(r2d2.flat_params(net), 0)
-    ctx = mp.get_context("fork")
-    free_q, full_q = ctx.Queue(maxsize=2), ctx.Queue(maxsize=2)
-    for k in range(2):
-        free_q.put(k)
-    actor = ctx.Process(target=r2d2.actor_loop, args=(0, args, spec, r2d2.LocalLink(buffers, store, free_q, full_q)),
-                        daemon=True)
-    actor.start()
+    actor, buffers, store, free_q, full_q = start_actor(r2d2, args, spec, net)
     per_env = {e: [] for e in range(3)}
     try:
         for b in range(50):
