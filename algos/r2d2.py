@@ -68,7 +68,7 @@ class Args:
     capture_video: bool = False  # kept for scripts that pass it to every file; R2D2 saves no frames
     save_model: bool = False  # write the final weights (state_dict) to runs/<run_name>/model.pt
     env_id: str = "CartPole-v1"  # the envpool environment id
-    total_timesteps: int = 200_000  # total environment steps taken by all actors
+    total_timesteps: int = 300_000  # total environment steps taken by all actors
     eval_episodes: int = 10  # episodes of the final, greedy policy to evaluate at the end
     # --- algorithm ---
     mask_velocity: bool = False  # CartPole-v1 with the velocities removed (observation: cart position, pole angle)
@@ -91,10 +91,10 @@ class Args:
     priority_eps: float = 1e-6  # added to p so that no sequence has priority 0
     epsilon: float = 0.4  # epsilon_i = epsilon^(1 + epsilon_alpha i / (N - 1)) over the N environments (paper: 0.4)
     epsilon_alpha: float = 7.0  # the exponent's spread alpha of the epsilon_i schedule (paper: 7)
-    target_network_frequency: int = 500  # learner updates between copies to the target network (paper: 2500)
+    target_network_frequency: int = 250  # learner updates between copies to the target network (paper: 2500)
     max_grad_norm: float = 10.0  # global gradient-norm clip (paper: none given)
     learning_starts: int = 2000  # environment steps before the learner starts (per run segment)
-    steps_per_update: float = 16.0  # environment steps per learner update: the rate limit between actors and learner
+    steps_per_update: float = 32.0  # environment steps per learner update: the rate limit between actors and learner
     num_envs: int = 16  # environments stepped by each actor (each with its own epsilon_i)
     actor_update_interval: int = 32  # steps of an actor's batch between parameter refreshes (paper: 400 frames)
     threshold_epsilon: float = 0.01
@@ -198,8 +198,9 @@ def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -
 
 
 class QNetwork(nn.Module):
-    """Torso (a 1-layer ReLU MLP for vectors, the Nature CNN for uint8 images divided by 255), an LSTM, and the
-    dueling heads (Wang et al., 2016): Q(s, a) = V(s) + A(s, a) - mean_a' A(s, a'). forward() unrolls sequences
+    """Torso (a 1-layer ReLU MLP for vectors, the Nature CNN for uint8 images divided by 255), an LSTM fed the torso's
+    output with the previous action (one-hot; none, -1, at an episode's first step) and reward (squashed by tanh), and
+    the dueling heads (Wang et al., 2016): Q(s, a) = V(s) + A(s, a) - mean_a' A(s, a'). forward() unrolls sequences
     [B, T, ...] from state (h, c), each [B, H]; where valid is 0 (padding) the state is carried over unchanged."""
 
     def __init__(self, obs_shape, num_actions: int, network: str = "auto", hidden: int = 128):
@@ -214,17 +215,21 @@ class QNetwork(nn.Module):
         else:
             self.torso = nn.Sequential(layer_init(nn.Linear(int(np.prod(obs_shape)), hidden)), nn.ReLU())
             features, self.hidden = hidden, hidden
-        self.lstm = nn.LSTMCell(features, self.hidden)
+        self.num_actions = num_actions
+        self.lstm = nn.LSTMCell(features + num_actions + 1, self.hidden)
         self.value = layer_init(nn.Linear(self.hidden, 1), 1.0)
         self.advantage = layer_init(nn.Linear(self.hidden, num_actions), 1.0)
 
     def initial_state(self, batch: int, device=None) -> tuple:
         return torch.zeros(batch, self.hidden, device=device), torch.zeros(batch, self.hidden, device=device)
 
-    def forward(self, obs: torch.Tensor, state: tuple, valid: torch.Tensor):
+    def forward(self, obs: torch.Tensor, prev_action: torch.Tensor, prev_reward: torch.Tensor, valid: torch.Tensor,
+                state: tuple):
         B, T = obs.shape[:2]
         x = obs.reshape((B * T,) + obs.shape[2:]).float()
-        features = self.torso(x / 255.0 if self.image else x).view(B, T, -1)
+        one_hot = (prev_action[..., None] == torch.arange(self.num_actions, device=obs.device)).float()  # -1: zeros
+        features = torch.cat([self.torso(x / 255.0 if self.image else x).view(B, T, -1), one_hot,
+                              torch.tanh(prev_reward[..., None].float())], -1)
         h, c, outputs = state[0], state[1], []
         for t in range(T):  # one LSTM step per time step (the same cell as the actors' single steps)
             h_new, c_new = self.lstm(features[:, t], (h, c))
@@ -273,6 +278,9 @@ def h_inv(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
     return torch.sign(x) * (((torch.sqrt(1.0 + 4.0 * eps * (x.abs() + 1.0 + eps)) - 1.0) / (2.0 * eps)) ** 2 - 1.0)
 
 
+INPUT_KEYS = ("obs", "prev_action", "prev_reward", "obs_valid")  # what the network reads of a stored sequence
+
+
 def r2d2_loss(q_net: nn.Module, target_net: nn.Module, batch: dict, weights: torch.Tensor, burn_in: int, eta: float,
               eps: float = 1e-3):
     """Both networks start from the stored state and unroll the burn-in prefix without gradient (it only refreshes
@@ -280,11 +288,11 @@ def r2d2_loss(q_net: nn.Module, target_net: nn.Module, batch: dict, weights: tor
       y_t = h(G_t + discount_t h^-1(Q_target(x_b, argmax_a Q(x_b, a)))),  b = the bootstrap step of t,
     loss = weighted mean over sequences of the mean over valid steps of delta_t^2 / 2, delta_t = y_t - Q(x_t, a_t);
     priority of a sequence eta max_t |delta_t| + (1 - eta) mean_t |delta_t|. Returns (loss, priorities)."""
-    obs, valid, state = batch["obs"], batch["obs_valid"], (batch["state"][:, 0], batch["state"][:, 1])
+    inputs, state = [batch[k] for k in INPUT_KEYS], (batch["state"][:, 0], batch["state"][:, 1])
     with torch.no_grad():
-        burnt = q_net(obs[:, :burn_in], state, valid[:, :burn_in])[1] if burn_in else state
-        q_target, _ = target_net(obs, state, valid)
-    q, _ = q_net(obs[:, burn_in:], burnt, valid[:, burn_in:])  # [B, S + 1, A]: the S steps and the last bootstrap
+        burnt = q_net(*[x[:, :burn_in] for x in inputs], state)[1] if burn_in else state
+        q_target, _ = target_net(*inputs, state)
+    q, _ = q_net(*[x[:, burn_in:] for x in inputs], burnt)  # [B, S + 1, A]: the S steps and the last bootstrap
     S, mask = q.shape[1] - 1, batch["train"][:, burn_in:]
     q_sa = q[:, :S].gather(2, batch["actions"][:, burn_in:, None]).squeeze(2)
     with torch.no_grad():
@@ -402,18 +410,19 @@ def clip_grad(grad: torch.Tensor, max_norm: float) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------- roles
-SEQUENCE_KEYS = ("obs", "obs_valid", "actions", "returns", "discounts", "boot", "train", "state")
+SEQUENCE_KEYS = ("obs", "prev_action", "prev_reward", "obs_valid", "actions", "returns", "discounts", "boot", "train", "state")
 
 
 def block_buffers(args: Args, spec, num_buffers: int, shared: bool = True) -> dict:
     """Preallocated blocks [K, ...] of up to 2 x num_envs sequences. Per sequence of P = burn_in + sequence_length
-    steps: x_0..x_P and which are real (obs_valid: 0 on padding), actions, n-step returns, discounts and bootstrap
+    steps: x_0..x_P with the action and reward before each, which are real (obs_valid: 0 on padding), actions, n-step returns, discounts and bootstrap
     steps, the steps with a loss (train), the LSTM state (h, c) before x_0; its priority, the env it came from, and
     the return and length of the episode it ended (NaN elsewhere). meta: version, actor, sequence, count, steps."""
     K, P, shape = 2 * args.num_envs, args.burn_in + args.sequence_length, obs_shape(args, spec)
     H = 512 if len(shape) == 3 else args.hidden_size
     b = {"obs": torch.zeros((num_buffers, K, P + 1) + shape, dtype=torch.uint8 if len(shape) == 3 else torch.float32),
-         "obs_valid": torch.zeros((num_buffers, K, P + 1)), "state": torch.zeros((num_buffers, K, 2, H))}
+         "obs_valid": torch.zeros((num_buffers, K, P + 1)), "prev_reward": torch.zeros((num_buffers, K, P + 1)),
+         "prev_action": torch.zeros((num_buffers, K, P + 1), dtype=torch.long), "state": torch.zeros((num_buffers, K, 2, H))}
     b.update({k: torch.zeros((num_buffers, K, P)) for k in ("returns", "discounts", "train")})
     b.update({k: torch.zeros((num_buffers, K, P), dtype=torch.long) for k in ("actions", "boot")})
     b.update({k: torch.zeros((num_buffers, K)) for k in ("priorities", "ep_return", "ep_length")})
@@ -505,14 +514,17 @@ class SequenceBuilder:
     steps, the last sequence_length of them with a loss; a new sequence every sequence_length - sequence_overlap
     steps, its burn-in prefix the steps before it (padding at an episode's start); an episode's end closes the
     sequence early (padding after it). A sequence keeps the LSTM state before its first step, x_0..x_P (the last one
-    only to bootstrap from) and its n-step returns, discounts and bootstrap steps, cut at its end."""
+    only to bootstrap from) with the action and reward before each (-1 and 0 at an episode's first step), and its
+    n-step returns, discounts and bootstrap steps, cut at its end."""
 
     def __init__(self, num_envs: int, burn_in: int, length: int, overlap: int, n: int, gamma: float, obs, hidden: int):
         N, self.P, self.B, self.n, self.gamma, self.period = num_envs, burn_in + length, burn_in, n, gamma, length - overlap
         self.seq = {"obs": np.zeros((N, self.P + 1) + obs.shape[1:], dtype=obs.dtype), "obs_valid": np.zeros((N, self.P + 1)),
                     "state": np.zeros((N, self.P + 1, 2, hidden), dtype=np.float32), "actions": np.zeros((N, self.P), dtype=np.int64),
-                    "rewards": np.zeros((N, self.P)), "terms": np.zeros((N, self.P))}
+                    "rewards": np.zeros((N, self.P)), "terms": np.zeros((N, self.P)),
+                    "prev_action": np.zeros((N, self.P + 1), dtype=np.int64), "prev_reward": np.zeros((N, self.P + 1))}
         self.pos, self.rows = np.full(N, burn_in), np.arange(N)  # where each env's next step goes
+        self.last_action, self.last_reward = np.full(N, -1), np.zeros(N)  # each env's previous step (-1: none)
 
     def add(self, obs, state, action, reward, term, done, next_obs, real) -> Optional[dict]:
         """One batch step: x_t, the LSTM state (h, c) before it, a_t, r_t, terminated, terminated or truncated, x_t+1;
@@ -522,17 +534,21 @@ class SequenceBuilder:
         i = self.rows[real]
         seq["obs"][i, pos[i]], seq["obs_valid"][i, pos[i]], seq["state"][i, pos[i]] = obs[i], 1.0, state[i]
         seq["actions"][i, pos[i]], seq["rewards"][i, pos[i]], seq["terms"][i, pos[i]] = action[i], reward[i], term[i]
+        seq["prev_action"][i, pos[i]], seq["prev_reward"][i, pos[i]] = self.last_action[i], self.last_reward[i]
+        self.last_action[i], self.last_reward[i] = action[i], reward[i]
         pos[i] += 1
         c = self.rows[real & (done | (pos == P))]  # sequences to close: full, or their episode ended
         if not len(c):
             return None
         seq["obs"][c, pos[c]], seq["obs_valid"][c, pos[c]] = next_obs[c], 1.0  # x_P, or the final observation
+        seq["prev_action"][c, pos[c]], seq["prev_reward"][c, pos[c]] = self.last_action[c], self.last_reward[c]
         last = np.zeros((len(c), P + n - 1))
         last[np.arange(len(c)), pos[c] - 1] = 1.0  # the sequence's last step ends its n-step windows
         pad = np.zeros((len(c), n - 1))
         G, disc, boot = n_step_targets(np.concatenate([seq["rewards"][c], pad], 1).T,
                                        np.concatenate([seq["terms"][c], pad], 1).T, last.T, self.gamma, n)
         out = {"obs": seq["obs"][c], "obs_valid": seq["obs_valid"][c], "actions": seq["actions"][c], "returns": G.T,
+               "prev_action": seq["prev_action"][c], "prev_reward": seq["prev_reward"][c],
                "discounts": disc.T, "boot": boot.T, "train": (np.arange(P) >= B) & (np.arange(P) < pos[c][:, None]),
                "state": seq["state"][c, 0], "env": c}
         full, ended = c[~done[c]], c[done[c]]
@@ -541,6 +557,7 @@ class SequenceBuilder:
             value[ended] = 0  # an ended episode: the next sequence starts with a padded burn-in prefix
         seq["obs_valid"][full, P + 1 - self.period:] = 0.0
         pos[full], pos[ended] = pos[full] - self.period, B
+        self.last_action[ended], self.last_reward[ended] = -1, 0.0
         return out
 
 
@@ -566,6 +583,7 @@ def actor_loop(actor: int, args: Args, spec, link, local: bool = True) -> None:
     builder = SequenceBuilder(N, args.burn_in, args.sequence_length, args.sequence_overlap, args.n_step, args.gamma, obs,
                               net.hidden)
     ep_return, ep_length, prev_done = np.zeros(N), np.zeros(N), np.zeros(N, dtype=bool)
+    prev_action, prev_reward = torch.full((N, 1), -1), torch.zeros(N, 1)  # -1: none (an episode's first step)
     loaded, sequence, since = -1, 0, 0
     while True:
         if args.deterministic:
@@ -586,7 +604,7 @@ def actor_loop(actor: int, args: Args, spec, link, local: bool = True) -> None:
                 load_flat(net, flat)
             since, steps = since + 1, steps + 1
             with torch.no_grad():
-                q, new_state = net(torch.as_tensor(obs)[:, None], state, torch.ones(N, 1))
+                q, new_state = net(torch.as_tensor(obs)[:, None], prev_action, prev_reward, torch.ones(N, 1), state)
             action = np.where(rng.random(N) < eps, rng.integers(A, size=N), q[:, 0].argmax(-1).numpy())
             o, r, term, trunc, info = envs.step(action)
             o, done, real = observe(o, args.mask_velocity), term | trunc, ~prev_done  # not real: envpool's reset step
@@ -600,6 +618,8 @@ def actor_loop(actor: int, args: Args, spec, link, local: bool = True) -> None:
                 count, ended = count + len(c), c[done[c]]
                 ep_return[ended], ep_length[ended] = 0.0, 0
             reset = torch.as_tensor(prev_done)[:, None]  # after a reset step the new episode starts from a zero state
+            prev_action = torch.where(reset, -1, torch.as_tensor(action)[:, None])
+            prev_reward = torch.where(reset, 0.0, torch.as_tensor(r, dtype=torch.float32)[:, None])
             obs, prev_done, state = o, done, tuple(torch.where(reset, 0.0, x) for x in new_state)
         with torch.no_grad():  # initial priorities, from the actor's own network (online and target alike)
             _, priorities = r2d2_loss(net, net, {key: block[key][:count] for key in SEQUENCE_KEYS}, torch.ones(count),
@@ -652,11 +672,14 @@ def evaluate(net: QNetwork, env_id: str, episodes: int, seed: int, device, mask_
     envs = make_env(env_id, episodes, seed)
     obs, _ = envs.reset()
     returns, done, state = np.zeros(episodes), np.zeros(episodes, dtype=bool), net.initial_state(episodes, device)
+    action, reward = torch.full((episodes, 1), -1, device=device), torch.zeros(episodes, 1, device=device)
     while not done.all():
         with torch.no_grad():
             x = torch.as_tensor(observe(obs, mask_velocity), device=device)[:, None]
-            q, state = net(x, state, torch.ones(episodes, 1, device=device))
-        obs, r, term, trunc, info = envs.step(q[:, 0].argmax(-1).cpu().numpy())
+            q, state = net(x, action, reward, torch.ones(episodes, 1, device=device), state)
+        action = q[:, 0].argmax(-1, keepdim=True)
+        obs, r, term, trunc, info = envs.step(action[:, 0].cpu().numpy())
+        reward = torch.as_tensor(r, dtype=torch.float32, device=device)[:, None]
         returns += r * ~done
         done |= term | trunc
     envs.close()

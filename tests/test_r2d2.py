@@ -38,7 +38,8 @@ def reference_sequences(stream, e, B, S, overlap, n, gamma):
     """The sequences of env e, from the paper's description: split its real steps into episodes; in each, training
     windows start at 0, S - overlap, 2 (S - overlap), ...; a window takes the next S steps or ends with the episode
     (after which no window starts); it is preceded by up to B earlier steps of the episode (burn-in) and carries the
-    state before its first stored step. n-step returns are cut at the window's end, bootstrapping unless the
+    state before its first stored step; each stored x comes with the episode's action and reward before it (none: -1
+    and 0 at the episode's first step). n-step returns are cut at the window's end, bootstrapping unless the
     episode terminated there. Only windows that were complete when the stream ended are returned."""
     L = stream["action"].shape[0]
     out, episode = [], []
@@ -59,6 +60,9 @@ def reference_sequences(stream, e, B, S, overlap, n, gamma):
             seq = {"pad": B - (s - first), "obs": [stream["obs"][u, e] for u in steps], "actions": [stream["action"][u, e] for u in steps],
                    "state": stream["state"][steps[0], e] if s - B >= 0 else np.zeros_like(stream["state"][0, e]), "length": end - s}
             seq["obs"].append(stream["obs"][steps[-1] + 1, e])  # x after the last step: next observation or final one
+            before = [episode[j - 1] if j > 0 else None for j in range(first, end + 1)]
+            seq["prev_action"] = [-1 if u is None else stream["action"][u, e] for u in before]
+            seq["prev_reward"] = [0.0 if u is None else stream["reward"][u, e] for u in before]
             returns, discounts, boots = [], [], []
             for j in range(s, end):
                 m = min(n, end - j)
@@ -95,6 +99,8 @@ def test_sequences_match_reference(B, S, overlap, n):
             assert g["obs_valid"].tolist() == [0.0] * pad + [1.0] * (B - pad + k + 1) + [0.0] * (S - k)
             np.testing.assert_array_equal(g["obs"][pad:B + k + 1], np.stack(r["obs"]))
             np.testing.assert_array_equal(g["actions"][pad:B + k], r["actions"])
+            np.testing.assert_array_equal(g["prev_action"][pad:B + k + 1], r["prev_action"])
+            np.testing.assert_array_equal(g["prev_reward"][pad:B + k + 1], r["prev_reward"])
             np.testing.assert_array_equal(g["state"], r["state"])
             assert g["train"].tolist() == [False] * B + [True] * k + [False] * (S - k)
             np.testing.assert_allclose(g["returns"][B:B + k], r["returns"], rtol=1e-12)
@@ -114,13 +120,15 @@ def random_batch(seed, Bt=6, B=3, S=5, A=3, obs_dim=2, hidden=8):
     boot = torch.minimum(pos[:P] + torch.randint(1, 4, (Bt, P), generator=g), B + length[:, None])
     state = torch.randn(Bt, 2, hidden, generator=g) * (pad == 0).float()[:, None, None]
     return {"obs": torch.randn(Bt, P + 1, obs_dim, generator=g) * valid[:, :, None], "obs_valid": valid, "state": state,
+            "prev_action": torch.randint(-1, A, (Bt, P + 1), generator=g), "prev_reward": torch.randn(Bt, P + 1, generator=g),
             "actions": torch.randint(0, A, (Bt, P), generator=g), "returns": torch.randn(Bt, P, generator=g) * 5,
             "discounts": torch.rand(Bt, P, generator=g), "boot": boot, "train": train}
 
 
 def reference_loss(online, target, batch, weights, B, eta, eps):
-    """One sequence and one step at a time: run the LSTM cell over the real steps from the stored state; for each
-    step with a loss, y = h(G + discount h^-1(Q_target(x_b, argmax_a Q_online(x_b, a)))), delta = y - Q_online(x, a)."""
+    """One sequence and one step at a time: run the LSTM cell over the real steps from the stored state, its input the
+    torso's output, the previous action one-hot (all zeros for -1) and tanh of the previous reward; for each step
+    with a loss, y = h(G + discount h^-1(Q_target(x_b, argmax_a Q_online(x_b, a)))), delta = y - Q_online(x, a)."""
     losses, priorities = [], []
     with torch.no_grad():
         for i in range(batch["obs"].shape[0]):
@@ -130,7 +138,12 @@ def reference_loss(online, target, batch, weights, B, eta, eps):
                 qs[name] = []
                 for t in range(batch["obs"].shape[1]):
                     if batch["obs_valid"][i, t]:
-                        h, c = net.lstm(net.torso(batch["obs"][i, t:t + 1]), (h, c))
+                        one_hot, a = torch.zeros(1, net.num_actions), int(batch["prev_action"][i, t])
+                        if a >= 0:
+                            one_hot[0, a] = 1.0
+                        r = torch.tanh(batch["prev_reward"][i, t]).view(1, 1)
+                        x = torch.cat([net.torso(batch["obs"][i, t:t + 1]), one_hot, r], 1)
+                        h, c = net.lstm(x, (h, c))
                     adv = net.advantage(h)
                     qs[name].append((net.value(h) + adv - adv.mean(-1, keepdim=True))[0])
             deltas = []
@@ -188,7 +201,7 @@ def test_actor_stores_the_state_before_each_sequence_and_its_own_priorities():
     """A real actor (masked CartPole, reward 1 per step) over shared buffers: unrolling its network from one
     sequence's stored state over the steps to the next sequence's start gives that sequence's stored state (so the
     state kept with each step is the one before it); a sequence after an episode's end starts from a zero state
-    with a padded burn-in; the priorities are those of its own network; the return an ended sequence carries is
+    with a padded burn-in and no previous action; the priorities are those of its own network; the return an ended sequence carries is
     its episode's length."""
     args = r2d2.Args(num_envs=3, burn_in=4, sequence_length=6, sequence_overlap=2, n_step=3, num_actors=1, hidden_size=8,
                      deterministic=True, mask_velocity=True)
@@ -219,13 +232,13 @@ def test_actor_stores_the_state_before_each_sequence_and_its_own_priorities():
         length = 0
         for prev, seq in zip([None] + seqs, seqs):
             if prev is None or not torch.isnan(prev["ep_return"]):  # an episode's first sequence
+                assert seq["prev_action"][B] == -1 and seq["prev_reward"][B] == 0  # no action before the first step
                 if prev is not None:
                     assert torch.all(seq["state"] == 0) and seq["obs_valid"][:B].sum() == 0
                 length = int(seq["train"].sum())
             else:
                 with torch.no_grad():
-                    _, (h, c) = net(prev["obs"][None, :period], (prev["state"][None, 0], prev["state"][None, 1]),
-                                    prev["obs_valid"][None, :period])
+                    _, (h, c) = net(*[prev[k][None, :period] for k in r2d2.INPUT_KEYS], (prev["state"][None, 0], prev["state"][None, 1]))
                 torch.testing.assert_close(torch.stack([h[0], c[0]]), seq["state"], atol=1e-5, rtol=1e-5)
                 chained, length = chained + 1, length + int(seq["train"].sum()) - (S - period)
             if not torch.isnan(seq["ep_return"]):
