@@ -410,14 +410,16 @@ def clip_grad(grad: torch.Tensor, max_norm: float) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------- roles
-SEQUENCE_KEYS = ("obs", "prev_action", "prev_reward", "obs_valid", "actions", "returns", "discounts", "boot", "train", "state")
+SEQUENCE_KEYS = ("obs", "prev_action", "prev_reward", "obs_valid", "actions", "returns", "discounts", "boot", "train",
+                 "state")
 
 
 def block_buffers(args: Args, spec, num_buffers: int, shared: bool = True) -> dict:
     """Preallocated blocks [K, ...] of up to 2 x num_envs sequences. Per sequence of P = burn_in + sequence_length
-    steps: x_0..x_P with the action and reward before each, which are real (obs_valid: 0 on padding), actions, n-step returns, discounts and bootstrap
-    steps, the steps with a loss (train), the LSTM state (h, c) before x_0; its priority, the env it came from, and
-    the return and length of the episode it ended (NaN elsewhere). meta: version, actor, sequence, count, steps."""
+    steps: x_0..x_P with the action and reward before each, which are real (obs_valid: 0 on padding), actions,
+    n-step returns, discounts and bootstrap steps, the steps with a loss (train), the LSTM state (h, c) before x_0;
+    its priority, the env it came from, and the return and length of the episode it ended (NaN elsewhere).
+    meta: version, actor, sequence, count, steps."""
     K, P, shape = 2 * args.num_envs, args.burn_in + args.sequence_length, obs_shape(args, spec)
     H = 512 if len(shape) == 3 else args.hidden_size
     b = {"obs": torch.zeros((num_buffers, K, P + 1) + shape, dtype=torch.uint8 if len(shape) == 3 else torch.float32),
@@ -514,8 +516,8 @@ class SequenceBuilder:
     steps, the last sequence_length of them with a loss; a new sequence every sequence_length - sequence_overlap
     steps, its burn-in prefix the steps before it (padding at an episode's start); an episode's end closes the
     sequence early (padding after it). A sequence keeps the LSTM state before its first step, x_0..x_P (the last one
-    only to bootstrap from) with the action and reward before each (-1 and 0 at an episode's first step), and its
-    n-step returns, discounts and bootstrap steps, cut at its end."""
+    only to bootstrap from) with the action and reward before each (-1 and 0 at an episode's first step; padding
+    holds 0, unread), and its n-step returns, discounts and bootstrap steps, cut at its end."""
 
     def __init__(self, num_envs: int, burn_in: int, length: int, overlap: int, n: int, gamma: float, obs, hidden: int):
         N, self.P, self.B, self.n, self.gamma, self.period = num_envs, burn_in + length, burn_in, n, gamma, length - overlap
