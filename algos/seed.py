@@ -467,8 +467,9 @@ def remote_bridge(actor: int, peer: int, group, slots: dict, conn, control: dict
             dist.recv(slots["step"][actor], peer, group=group)
             conn.send_bytes(b"")
             conn.recv_bytes()
-            dist.send(slots["actions"][actor], peer, group=group)
-            if slots["actions"][actor][0] < 0:
+            actions = slots["actions"][actor].clone()  # what was sent decides: the learner may write "stop" meanwhile
+            dist.send(actions, peer, group=group)
+            if actions[0] < 0:
                 return
     except Exception as e:  # noqa: BLE001 - any failure of the link ends the job
         control.setdefault("error", f"remote actor {actor} (rank {peer}): {e!r}")
@@ -820,12 +821,18 @@ def main(args: Args) -> int:
         if exit_code:
             os._exit(exit_code)  # torchrun stops the remote actors
         slots["actions"][args.num_actors:] = -1  # answer each remote actor's next request with "stop"
-        for r in range(1, world):
-            conn = pipes[args.num_actors + r - 1][0]
-            if args.num_actors + r - 1 in control["waiting"] or conn.poll(30) and conn.recv_bytes() == b"":
+        for a, b in enumerate(bridges, start=args.num_actors):
+            conn, end = pipes[a][0], time.time() + 30
+            if a in control["waiting"]:  # read by the inference thread, not answered
                 conn.send_bytes(b"")
-        for b in bridges:
-            b.join(timeout=30)
+            while b.is_alive() and time.time() < end:  # a bridge returns once it has sent "stop"
+                if conn.poll(0.1):
+                    conn.recv_bytes()
+                    conn.send_bytes(b"")
+            if b.is_alive():
+                print(f"{os.path.basename(sys.argv[0])}: error: remote actor {a} did not take its stop in 30 s",
+                      file=sys.stderr, flush=True)
+                os._exit(1)  # torchrun stops the remote actors
         dist.barrier()
         dist.destroy_process_group()
     return exit_code
