@@ -66,3 +66,33 @@ def test_sigterm_under_torchrun_with_a_remote_actor_checkpoints_and_resumes(runn
     (["--num-actors", 3, "--batch-size", 16, "--num-buffers", 3], "num-buffers")]))  # 3 would deadlock: 3 + 2 - 1 = 4
 def test_bad_arguments(runner, args, name):
     assert_bad_argument(runner.run("seed", *args), name, runner.cwd)
+
+
+def test_remote_bridge_stops_on_what_it_sent(monkeypatch):
+    """The learner writes "stop" (-1) into the shared action slot at shutdown, possibly just after a bridge sent the
+    slot's real actions: the bridge must go on serving its remote actor then (returning would leave it waiting for
+    an answer and the job hung in the final barrier), and return only after it has sent -1."""
+    import multiprocessing
+    import threading
+    import torch
+    from conftest import load_algo
+    seed = load_algo("seed")
+    slots = {"obs": torch.zeros(1, 2, 4), "step": torch.zeros(1, 2, 7), "actions": torch.ones(1, 2, dtype=torch.long)}
+    sent = []
+
+    def send(tensor, peer, group=None):
+        sent.append(tensor[0].item())
+        slots["actions"][0] = -1  # the learner's stop lands right after the first send
+
+    monkeypatch.setattr(seed.dist, "send", send)
+    monkeypatch.setattr(seed.dist, "recv", lambda tensor, peer, group=None: None)
+    learner, bridge_end = multiprocessing.Pipe()
+    control = {}
+    t = threading.Thread(target=seed.remote_bridge, args=(0, 1, None, slots, bridge_end, control), daemon=True)
+    t.start()
+    for _ in range(2):  # answer two requests: real actions, then stop
+        assert learner.poll(5)
+        learner.recv_bytes()
+        learner.send_bytes(b"")
+    t.join(5)
+    assert not t.is_alive() and sent == [1, -1] and "error" not in control
