@@ -5,7 +5,7 @@ Ape-X's actors and central prioritized replay with an LSTM Q-network and sequenc
 batches with a local recurrent Q-network, each env with its own epsilon_i, cut each env's stream into fixed-length
 sequences (overlapping by half, never crossing an episode end) stored with the recurrent state at their start and a
 burn-in prefix, and hand them over in blocks with initial priorities. The learner unrolls the burn-in without loss
-to refresh the stored state, then trains n-step double-Q with value rescaling on the rest. Under torchrun, rank 0
+to refresh the stored state, then trains n-step double-Q (value rescaling on Atari) on the rest. Under torchrun, rank 0
 hosts learner and replay; every other rank is one more actor shipping blocks through torch.distributed.
 
   python algos/r2d2.py --mask-velocity                              # masked CartPole-v1 (positions only)
@@ -84,6 +84,7 @@ class Args:
     sequence_length: int = 20  # steps of a replayed sequence that carry a loss (paper: 80)
     sequence_overlap: int = 10  # steps shared by adjacent sequences of one episode (paper: 40, half)
     burn_in: int = 10  # steps before a sequence unrolled from the stored state without loss (paper: 40)
+    value_rescaling: Literal["auto", "on", "off"] = "auto"  # h on the targets (auto: on for images, as the paper)
     value_rescaling_eps: float = 1e-3  # epsilon of h(x) = sign(x)(sqrt(|x| + 1) - 1) + epsilon x (paper: 1e-3)
     alpha: float = 0.9  # priority exponent: P(i) = p_i^alpha / sum_k p_k^alpha (paper: 0.9)
     eta: float = 0.9  # sequence priority p = eta max_t |delta_t| + (1 - eta) mean_t |delta_t| (paper: 0.9)
@@ -200,7 +201,8 @@ def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -
 class QNetwork(nn.Module):
     """Torso (a 1-layer ReLU MLP for vectors, the Nature CNN for uint8 images divided by 255), an LSTM fed the torso's
     output with the previous action (one-hot; none, -1, at an episode's first step) and reward (squashed by tanh), and
-    the dueling heads (Wang et al., 2016): Q(s, a) = V(s) + A(s, a) - mean_a' A(s, a'). forward() unrolls sequences
+    the dueling streams (Wang et al., 2016), each with a hidden layer as wide as the LSTM: Q(s, a) = V(s) + A(s, a) -
+    mean_a' A(s, a'). forward() unrolls sequences
     [B, T, ...] from state (h, c), each [B, H]; where valid is 0 (padding) the state is carried over unchanged."""
 
     def __init__(self, obs_shape, num_actions: int, network: str = "auto", hidden: int = 128):
@@ -217,8 +219,9 @@ class QNetwork(nn.Module):
             features, self.hidden = hidden, hidden
         self.num_actions = num_actions
         self.lstm = nn.LSTMCell(features + num_actions + 1, self.hidden)
-        self.value = layer_init(nn.Linear(self.hidden, 1), 1.0)
-        self.advantage = layer_init(nn.Linear(self.hidden, num_actions), 1.0)
+        H = self.hidden
+        self.value = nn.Sequential(layer_init(nn.Linear(H, H)), nn.ReLU(), layer_init(nn.Linear(H, 1), 1.0))
+        self.advantage = nn.Sequential(layer_init(nn.Linear(H, H)), nn.ReLU(), layer_init(nn.Linear(H, num_actions), 1.0))
 
     def initial_state(self, batch: int, device=None) -> tuple:
         return torch.zeros(batch, self.hidden, device=device), torch.zeros(batch, self.hidden, device=device)
@@ -278,14 +281,21 @@ def h_inv(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
     return torch.sign(x) * (((torch.sqrt(1.0 + 4.0 * eps * (x.abs() + 1.0 + eps)) - 1.0) / (2.0 * eps)) ** 2 - 1.0)
 
 
+def rescaling_eps(args: Args, spec) -> Optional[float]:
+    """h's epsilon where value rescaling is on, else None. auto: on for images (Atari: it replaces reward clipping,
+    as in the paper), off for vectors (CartPole's returns need no squashing, and h shrinks the gaps between actions)."""
+    on = args.value_rescaling == "on" or (args.value_rescaling == "auto" and len(obs_shape(args, spec)) == 3)
+    return args.value_rescaling_eps if on else None
+
+
 INPUT_KEYS = ("obs", "prev_action", "prev_reward", "obs_valid")  # what the network reads of a stored sequence
 
 
 def r2d2_loss(q_net: nn.Module, target_net: nn.Module, batch: dict, weights: torch.Tensor, burn_in: int, eta: float,
-              eps: float = 1e-3):
+              eps: Optional[float] = 1e-3):
     """Both networks start from the stored state and unroll the burn-in prefix without gradient (it only refreshes
     the state); on the sequence after it, n-step double-Q targets with value rescaling
-      y_t = h(G_t + discount_t h^-1(Q_target(x_b, argmax_a Q(x_b, a)))),  b = the bootstrap step of t,
+      y_t = h(G_t + discount_t h^-1(Q_target(x_b, argmax_a Q(x_b, a)))),  b = the bootstrap step of t (eps None: no h),
     loss = weighted mean over sequences of the mean over valid steps of delta_t^2 / 2, delta_t = y_t - Q(x_t, a_t);
     priority of a sequence eta max_t |delta_t| + (1 - eta) mean_t |delta_t|. Returns (loss, priorities)."""
     inputs, state = [batch[k] for k in INPUT_KEYS], (batch["state"][:, 0], batch["state"][:, 1])
@@ -299,7 +309,8 @@ def r2d2_loss(q_net: nn.Module, target_net: nn.Module, batch: dict, weights: tor
         boot = (batch["boot"][:, burn_in:] - burn_in).clamp(0, S)[:, :, None]
         best = q.gather(1, boot.expand(-1, -1, q.shape[2])).argmax(2, keepdim=True)
         q_boot = q_target[:, burn_in:].gather(1, boot.expand(-1, -1, q.shape[2])).gather(2, best).squeeze(2)
-        y = h(batch["returns"][:, burn_in:] + batch["discounts"][:, burn_in:] * h_inv(q_boot, eps), eps)
+        returns, discounts = batch["returns"][:, burn_in:], batch["discounts"][:, burn_in:]
+        y = returns + discounts * q_boot if eps is None else h(returns + discounts * h_inv(q_boot, eps), eps)
     delta = (y - q_sa) * mask
     count = mask.sum(1).clamp(min=1.0)
     loss = (weights * (0.5 * delta ** 2).sum(1) / count).mean()
@@ -625,7 +636,7 @@ def actor_loop(actor: int, args: Args, spec, link, local: bool = True) -> None:
             obs, prev_done, state = o, done, tuple(torch.where(reset, 0.0, x) for x in new_state)
         with torch.no_grad():  # initial priorities, from the actor's own network (online and target alike)
             _, priorities = r2d2_loss(net, net, {key: block[key][:count] for key in SEQUENCE_KEYS}, torch.ones(count),
-                                      args.burn_in, args.eta, args.value_rescaling_eps)
+                                      args.burn_in, args.eta, rescaling_eps(args, spec))
         block["priorities"][:count] = priorities
         block["meta"].copy_(torch.tensor([loaded, actor, sequence, count, steps]))
         link.send()
@@ -843,7 +854,7 @@ def main(args: Args) -> int:
                 t0 = time.time()
                 idx, batch, weights = replay.sample(args.batch_size, args.beta, rng)
                 t1 = time.time()
-                loss, abs_td = r2d2_loss(q_net, target_net, batch, weights, args.burn_in, args.eta, args.value_rescaling_eps)
+                loss, abs_td = r2d2_loss(q_net, target_net, batch, weights, args.burn_in, args.eta, rescaling_eps(args, spec))
                 q_net.zero_grad(set_to_none=False)
                 loss.backward()
                 grad = clip_grad(torch.cat([p.grad.reshape(-1) for p in params]), args.max_grad_norm)

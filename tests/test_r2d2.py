@@ -19,6 +19,14 @@ def test_value_rescaling_and_its_inverse():
     assert r2d2.h(torch.tensor(0.0)).item() == 0.0
 
 
+def test_value_rescaling_auto_is_on_for_images_only():
+    atari, cartpole = r2d2.envpool.make_spec("Pong-v5"), r2d2.envpool.make_spec("CartPole-v1")
+    assert r2d2.rescaling_eps(r2d2.Args(env_id="Pong-v5", value_rescaling_eps=0.01), atari) == 0.01
+    assert r2d2.rescaling_eps(r2d2.Args(mask_velocity=True), cartpole) is None
+    assert r2d2.rescaling_eps(r2d2.Args(value_rescaling="on"), cartpole) == 1e-3
+    assert r2d2.rescaling_eps(r2d2.Args(env_id="Pong-v5", value_rescaling="off"), atari) is None
+
+
 def random_stream(seed, L=400, N=3, obs_dim=2, hidden=4):
     """[L, N] batch steps with terminations, truncations and envpool's reset steps (not real, after every end)."""
     rng = np.random.default_rng(seed)
@@ -128,7 +136,8 @@ def random_batch(seed, Bt=6, B=3, S=5, A=3, obs_dim=2, hidden=8):
 def reference_loss(online, target, batch, weights, B, eta, eps):
     """One sequence and one step at a time: run the LSTM cell over the real steps from the stored state, its input the
     torso's output, the previous action one-hot (all zeros for -1) and tanh of the previous reward; for each step
-    with a loss, y = h(G + discount h^-1(Q_target(x_b, argmax_a Q_online(x_b, a)))), delta = y - Q_online(x, a)."""
+    with a loss, y = h(G + discount h^-1(Q_target(x_b, argmax_a Q_online(x_b, a)))) (eps None: without h),
+    delta = y - Q_online(x, a)."""
     losses, priorities = [], []
     with torch.no_grad():
         for i in range(batch["obs"].shape[0]):
@@ -152,7 +161,10 @@ def reference_loss(online, target, batch, weights, B, eta, eps):
                     continue
                 b = int(batch["boot"][i, t])
                 q_boot = qs["target"][b][qs["online"][b].argmax()]
-                y = r2d2.h(batch["returns"][i, t] + batch["discounts"][i, t] * r2d2.h_inv(q_boot, eps), eps)
+                if eps is None:
+                    y = batch["returns"][i, t] + batch["discounts"][i, t] * q_boot
+                else:
+                    y = r2d2.h(batch["returns"][i, t] + batch["discounts"][i, t] * r2d2.h_inv(q_boot, eps), eps)
                 deltas.append((y - qs["online"][t][batch["actions"][i, t]]).item())
             d = np.abs(deltas)
             losses.append(weights[i].item() * np.mean(0.5 * np.square(deltas)))
@@ -160,13 +172,14 @@ def reference_loss(online, target, batch, weights, B, eta, eps):
     return np.mean(losses), np.array(priorities)
 
 
-@pytest.mark.parametrize("B", [0, 1])
-def test_loss_matches_reference_without_or_with_a_short_burn_in(B):
+@pytest.mark.parametrize("B,eps", [(0, 1e-3), (1, 1e-3), (1, None)])
+def test_loss_matches_reference_without_or_with_a_short_burn_in(B, eps):
+    """Also without value rescaling (eps None, the default on vector observations)."""
     torch.manual_seed(B)
     online, target = r2d2.QNetwork((2,), 3, hidden=8), r2d2.QNetwork((2,), 3, hidden=8)
     batch, weights = random_batch(2 + B, B=B), torch.rand(6)
-    loss, prio = r2d2.r2d2_loss(online, target, batch, weights, B, 0.9, 1e-3)
-    ref_loss, ref_prio = reference_loss(online, target, batch, weights, B, 0.9, 1e-3)
+    loss, prio = r2d2.r2d2_loss(online, target, batch, weights, B, 0.9, eps)
+    ref_loss, ref_prio = reference_loss(online, target, batch, weights, B, 0.9, eps)
     assert loss.item() == pytest.approx(ref_loss, rel=1e-5)
     np.testing.assert_allclose(prio.numpy(), ref_prio, rtol=1e-5)
 
@@ -220,7 +233,8 @@ def test_actor_stores_the_state_before_each_sequence_and_its_own_priorities():
             if b >= 1:
                 store.publish(r2d2.flat_params(net), b)
             free_q.put(k)
-            _, priorities = r2d2.r2d2_loss(net, net, {key: blk[key] for key in r2d2.SEQUENCE_KEYS}, torch.ones(count), B, args.eta)
+            _, priorities = r2d2.r2d2_loss(net, net, {key: blk[key] for key in r2d2.SEQUENCE_KEYS}, torch.ones(count), B, args.eta,
+                                           r2d2.rescaling_eps(args, spec))
             torch.testing.assert_close(blk["priorities"], priorities)
             for i in range(count):
                 per_env[int(blk["env"][i])].append({key: v[i] for key, v in blk.items()})
