@@ -68,7 +68,7 @@ class Args:
     capture_video: bool = False  # kept for scripts that pass it to every file; R2D2 saves no frames
     save_model: bool = False  # write the final weights (state_dict) to runs/<run_name>/model.pt
     env_id: str = "CartPole-v1"  # the envpool environment id
-    total_timesteps: int = 300_000  # total environment steps taken by all actors
+    total_timesteps: int = 400_000  # total environment steps taken by all actors
     eval_episodes: int = 10  # episodes of the final, greedy policy to evaluate at the end
     # --- algorithm ---
     mask_velocity: bool = False  # CartPole-v1 with the velocities removed (observation: cart position, pole angle)
