@@ -88,7 +88,7 @@ class Args:
     value_rescaling_eps: float = 1e-3  # epsilon of h(x) = sign(x)(sqrt(|x| + 1) - 1) + epsilon x (paper: 1e-3)
     alpha: float = 0.9  # priority exponent: P(i) = p_i^alpha / sum_k p_k^alpha (paper: 0.9)
     eta: float = 0.9  # sequence priority p = eta max_t |delta_t| + (1 - eta) mean_t |delta_t| (paper: 0.9)
-    beta: float = 0.0  # importance-sampling exponent (paper: none, i.e. 0)
+    beta: float = 0.6  # importance-sampling exponent (paper: none, i.e. 0; Acme's R2D2: 0.6)
     priority_eps: float = 1e-6  # added to p so that no sequence has priority 0
     epsilon: float = 0.4  # epsilon_i = epsilon^(1 + epsilon_alpha i / (N - 1)) over the N environments (paper: 0.4)
     epsilon_alpha: float = 7.0  # the exponent's spread alpha of the epsilon_i schedule (paper: 7)
