@@ -66,7 +66,7 @@ class Args:
     capture_video: bool = False  # kept for scripts that pass it to every file; Ape-X saves no frames
     save_model: bool = False  # write the final weights (state_dict) to runs/<run_name>/model.pt
     env_id: str = "CartPole-v1"  # the envpool environment id
-    total_timesteps: int = 200_000  # total environment steps taken by all actors
+    total_timesteps: int = 400_000  # total environment steps taken by all actors
     eval_episodes: int = 10  # episodes of the final, greedy policy to evaluate at the end
     # --- algorithm ---
     mask_velocity: bool = False  # CartPole-v1 with the velocities removed (observation: cart position, pole angle)
@@ -76,7 +76,7 @@ class Args:
     anneal_lr: bool = True  # anneal the learning rate linearly to zero over total_timesteps (see docs/apex.md)
     adam_eps: float = 1e-5  # Adam's epsilon
     batch_size: int = 256  # transitions per learner update (paper: 512)
-    buffer_size: int = 100_000  # replay capacity in transitions; the oldest are evicted first (paper: 2M)
+    buffer_size: int = 400_000  # replay capacity in transitions; the oldest are evicted first (paper: 2M)
     gamma: float = 0.99  # discount factor
     n_step: int = 3  # n of the n-step returns (paper: 3)
     alpha: float = 0.6  # priority exponent: P(i) = p_i^alpha / sum_k p_k^alpha (paper: 0.6)

@@ -64,11 +64,10 @@ SUITES = {
         "apex": [PY, str(ROOT / "algos/apex.py"), "--seed", "{seed}", "--exp-name", "bench"],
         "sb3_dqn": [PY, str(ROOT / "benchmark/sb3_cartpole.py"), "--algo", "dqn", "--seed", "{seed}", "--out", "{out}"],
     },
-    "r2d2": {  # masked CartPole (positions only): R2D2 and Ape-X, each with its defaults plus --mask-velocity, and
-        # Ape-X given R2D2's default budget (400k environment steps) so that both have the same
+    "r2d2": {  # masked CartPole (positions only): R2D2 and Ape-X, each with its defaults (both 400k environment steps)
+        # plus --mask-velocity
         "r2d2": [PY, str(ROOT / "algos/r2d2.py"), "--seed", "{seed}", "--exp-name", "bench", "--mask-velocity"],
-        "apex": [PY, str(ROOT / "algos/apex.py"), "--seed", "{seed}", "--exp-name", "bench", "--mask-velocity",
-                 "--total-timesteps", "400000"],
+        "apex": [PY, str(ROOT / "algos/apex.py"), "--seed", "{seed}", "--exp-name", "bench", "--mask-velocity"],
     },
     "final_eval_fedpg": {  # the two federated runs the learning tests assert: defaults (fedavg), and fedpg-br with 3 of 10 sign-flip
         "fedpg": [PY, str(ROOT / "algos/fedpg.py"), "--seed", "{seed}", "--exp-name", "bench"],
