@@ -281,7 +281,7 @@ def test_torchrun_deterministic_is_bitwise(runner, name):
     assert a["params_sha256"] == b["params_sha256"]
 
 
-@pytest.mark.timeout(6 * 260)  # up to 6 runs of 85-210 s (400k steps); pytest.ini's 600 s is too few
+@pytest.mark.timeout(6 * 260)  # up to 6 runs of 82-106 s here (400k steps), more elsewhere; 600 s is too few
 def test_learns_cartpole_with_defaults(runner):
     """The defaults ended solved in 25 of 30 runs here (final eval 9/10, screen 9/10, but 7/10 in runs alone on
     the machine; docs/apex.md), so 2 solved of up to 6 seeds are asked for: that fails with probability 0.002 at
