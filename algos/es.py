@@ -394,8 +394,9 @@ def main(args: Args) -> int:
                         time_to_threshold_s=time_to_threshold, threshold_step=threshold_step))
 
     # This worker's share of the antithetic pairs: a contiguous block; all blocks padded to the same length.
-    per_rank = math.ceil(num_pairs / world)
+    per_rank, width = math.ceil(num_pairs / world), 6 + 2 * obs_dim + 1  # its table's rows and columns (PAIR .. OBSTAT)
     lo, hi = min(rank * per_rank, num_pairs), min((rank + 1) * per_rank, num_pairs)
+    gathered_bytes = world * per_rank * width * 8  # the float64 table every worker receives each generation
     train_start, last_print, steps_at_start, sps = time.time(), 0.0, global_step, 0.0
     while global_step < args.total_timesteps:
         if rank == 0 and args.checkpoint_every and generation % args.checkpoint_every == 0 and global_step > steps_at_start:
@@ -405,7 +406,7 @@ def main(args: Args) -> int:
         # The statistics as of the start of the generation: every worker has exactly these (this generation's own
         # observations are merged after the gather), so all members are evaluated with the same normalization.
         mean, std = obs_mean_std(obstat, obs_dim) if args.obs_norm else (torch.zeros(obs_dim), torch.ones(obs_dim))
-        rows = torch.full((per_rank, 6 + 2 * obs_dim + 1), -1.0, dtype=torch.float64)  # padding rows keep PAIR -1
+        rows = torch.full((per_rank, width), -1.0, dtype=torch.float64)  # padding rows keep PAIR -1
         if hi > lo:  # a worker may get no pair (more workers than pairs); envpool refuses an empty batch
             # Rows 2j and 2j + 1 are theta + sigma eps_j and theta - sigma eps_j of the global pair lo + j.
             eps = torch.stack([noise[int(i):int(i) + dim] for i in indices[lo:hi]])
@@ -421,7 +422,6 @@ def main(args: Args) -> int:
             gathered = [torch.empty_like(rows) for _ in range(world)]
             dist.all_gather(gathered, rows)
             rows = torch.cat(gathered)
-        gathered_bytes = rows.numel() * 8  # the table every worker receives
         rows = rows[rows[:, PAIR] >= 0]
         assert torch.equal(rows[:, PAIR], torch.arange(num_pairs, dtype=torch.float64))
         t1 = time.time()

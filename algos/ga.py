@@ -265,10 +265,15 @@ def rollout_population(policy: Policy, params: torch.Tensor, env_id: str, seed: 
     return returns, lengths
 
 
+def gathered_bytes(count: int, world: int) -> int:
+    """What run_episodes' all_gather hands every worker for `count` episodes: blocks of float64 rows padded alike."""
+    return world * math.ceil(count / world) * 3 * 8
+
+
 def run_episodes(policy, params_of, count: int, seed: int, args: Args, cap: int, env_threads: int):
     """Episodes 0..count-1 of a phase (episode j: parameters params_of(j), env seed `seed + j`), split over the
     workers in contiguous blocks. Only (index, return, length) rows travel (all_gather); every worker gets the
-    returns and lengths of all episodes, in index order, and the bytes it received."""
+    returns and lengths of all episodes, in index order."""
     per_rank = math.ceil(count / args.world_size)
     lo, hi = min(args.rank * per_rank, count), min((args.rank + 1) * per_rank, count)
     rows = torch.full((per_rank, 3), -1.0, dtype=torch.float64)  # padding rows keep index -1
@@ -281,10 +286,9 @@ def run_episodes(policy, params_of, count: int, seed: int, args: Args, cap: int,
         gathered = [torch.empty_like(rows) for _ in range(args.world_size)]
         dist.all_gather(gathered, rows)
         rows = torch.cat(gathered)
-    nbytes = rows.numel() * 8
     rows = rows[rows[:, 0] >= 0]
     assert torch.equal(rows[:, 0], torch.arange(count, dtype=torch.float64))
-    return rows[:, 1].numpy(), rows[:, 2].numpy().astype(np.int64), nbytes
+    return rows[:, 1].numpy(), rows[:, 2].numpy().astype(np.int64)
 
 
 def save_checkpoint(path: str, payload: dict) -> None:
@@ -408,12 +412,12 @@ def main(args: Args) -> int:
         cache = {tuple(p): get_params(p) for p in parents}
         # 1. The generation: N fresh individuals at first, then N - 1 mutants of uniformly chosen parents.
         individuals = make_generation(parents, args.seed, generation, N, args.noise_table_size, dim)
-        fitness, lengths, nbytes = run_episodes(policy, lambda j: get_params(individuals[j]), len(individuals),
+        fitness, lengths = run_episodes(policy, lambda j: get_params(individuals[j]), len(individuals),
                                                 env_seed(args, generation, 0), args, cap, env_threads)
         # 2. The elite: the candidates' mean return over E more episodes each (episode j: candidate j // E).
         candidates = elite_candidates(individuals, fitness, elite, C)
         cand_params = [get_params(c) for c in candidates]
-        cand_returns, cand_lengths, cand_bytes = run_episodes(
+        cand_returns, cand_lengths = run_episodes(
             policy, lambda j: cand_params[j // E], len(candidates) * E, env_seed(args, generation, N), args,
             cap, env_threads)  # the same episode cap as the mutants (as in Uber's code)
         scores = cand_returns.reshape(len(candidates), E).mean(1)
@@ -442,7 +446,7 @@ def main(args: Args) -> int:
                        "charts/episodic_return_max": fitness.max(), "charts/elite_return": elite_score,
                        "charts/parents_return": float(np.sort(fitness)[::-1][:args.truncation].mean()),
                        "charts/SPS": sps, "charts/encoding_length": len(elite),
-                       "stats/bytes_per_generation": float(nbytes + cand_bytes),
+                       "stats/bytes_per_generation": gathered_bytes(len(individuals), world) + gathered_bytes(C * E, world),
                        "stats/parameter_bytes": float(dim * 4 * N), "stats/rollout_time_s": float(counters[1]) / world,
                        "stats/generation": generation}
             for key, value in scalars.items():
@@ -467,15 +471,13 @@ def main(args: Args) -> int:
                 writer.add_scalar("eval/episodic_return", r, i)
             summary = {"algo": "ga", "env_id": args.env_id, "seed": args.seed, "world_size": world,
                        "global_step": global_step, "generations": generation, "wall_time_s": time.time() - PROCESS_START,
-                       "episodes_per_s": episodes / (time.time() - train_start),
-                       "sps": sps, "train_time_s": wall, "eval_return_mean": float(np.mean(eval_returns)),
-                       "eval_return_std": float(np.std(eval_returns)),
+                       "episodes_per_s": episodes / (time.time() - train_start), "sps": sps, "train_time_s": wall,
+                       "eval_return_mean": float(np.mean(eval_returns)), "eval_return_std": float(np.std(eval_returns)),
                        "train_return_last20": float(np.mean(recent)) if recent else None,
                        "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step,
-                       "reward_threshold": threshold, "num_params": dim, "elite_score": elite_score,
-                       "elite_seeds": elite, "bytes_per_generation": nbytes + cand_bytes,
-                       "parameter_bytes": dim * 4 * N,
-                       "theta_sha256": hashlib.sha256(theta.numpy().tobytes()).hexdigest()}
+                       "reward_threshold": threshold, "num_params": dim, "elite_score": elite_score, "elite_seeds": elite,
+                       "bytes_per_generation": gathered_bytes(N - 1, world) + gathered_bytes(C * E, world),  # after the first
+                       "parameter_bytes": dim * 4 * N, "theta_sha256": hashlib.sha256(theta.numpy().tobytes()).hexdigest()}
             with open(os.path.join(run_dir, "summary.json"), "w") as f:
                 json.dump(summary, f, indent=2)
             if args.save_model:

@@ -193,6 +193,16 @@ def sigterm_and_resume(runner: Runner, name: str, env_id: str, *args) -> None:
     assert not (runner.run_dir(env_id, "cut") / "summary.json").exists(), "the run ended before the signal"
     check_ok(runner.run(name, *args, "--exp-name", "cut", "--resume", "--num-workers", 2))
     assert_same_result(runner.summary(env_id, "whole"), runner.summary(env_id, "cut"))
+    # A checkpoint at or past --total-timesteps (the signal came during the last generation): no more training, but
+    # the evaluation and the summary, at the checkpoint's step (the last --total-timesteps given wins).
+    import shutil
+    import torch
+    ckpt, end = runner.run_dir(env_id, "cut") / "checkpoint.pt", runner.run_dir(env_id, "end")
+    step = torch.load(ckpt, weights_only=True)["global_step"]
+    end.mkdir()
+    shutil.copy(ckpt, end)
+    check_ok(runner.run(name, *args, "--exp-name", "end", "--resume", "--num-workers", 2, "--total-timesteps", step))
+    assert runner.summary(env_id, "end")["global_step"] == step
 
 
 def sigterm_then_resume(runner: Runner, name: str, env_id: str, *args, nproc: int = 0) -> dict:

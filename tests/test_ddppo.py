@@ -111,8 +111,6 @@ def test_adam_step_matches_torch_adam():
 
 
 def test_gradient_is_clipped_to_global_norm():
-    p = torch.nn.Parameter(torch.zeros(3))
-    q = torch.nn.Parameter(torch.zeros(2))
     grad = torch.tensor([3.0, 0.0, 0.0, 0.0, 4.0])  # global norm 5
     g = ddppo.averaged_clipped_gradient(grad, world_size=1, max_grad_norm=0.5)
     torch.testing.assert_close(g, torch.tensor([0.3, 0.0, 0.0, 0.0, 0.4]), rtol=1e-4, atol=1e-6)

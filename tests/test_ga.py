@@ -89,7 +89,8 @@ def test_smoke_torchrun_two_workers(runner):
                         "--elite-candidates", 2, "--elite-episodes", 3, "--eval-episodes", 2, "--save-model", nproc=2))
     s = runner.summary(ENV, "ga")
     assert SUMMARY_KEYS <= s.keys() and s["algo"] == "ga" and s["world_size"] == 2 and s["global_step"] >= 2000
-    assert s["bytes_per_generation"] < s["parameter_bytes"]
+    # per generation after the first: 7 mutants and 2 x 3 elite episodes, each table padded to 2 equal blocks
+    assert s["bytes_per_generation"] == (8 + 6) * 24 < s["parameter_bytes"]
     assert torch.load(runner.run_dir(ENV, "ga") / "model.pt", weights_only=True)["seeds"] == s["elite_seeds"]
 
 
