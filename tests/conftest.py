@@ -181,7 +181,8 @@ def bad_cases(cases: list) -> list:
 def sigterm_and_resume(runner: Runner, name: str, env_id: str, *args) -> None:
     """Run `name ARGS` to the end ("whole"); run it again with 2 spawned workers ("cut"), SIGTERM it once it has
     started, expect exit 0 with a checkpoint and no summary, resume it with 2 workers (rank 0 reads the checkpoint
-    and broadcasts it), and expect the same result."""
+    and broadcasts it), and expect the same result. Give a budget that lasts at least 8 times the 0.5 s wait on a
+    2-core machine, so that on a faster CPU the signal still comes before the end."""
     import signal
     check_ok(runner.run(name, *args, "--exp-name", "whole"))
     proc = runner.start(name, *args, "--exp-name", "cut", "--num-workers", 2)
@@ -208,7 +209,8 @@ def sigterm_and_resume(runner: Runner, name: str, env_id: str, *args) -> None:
 def sigterm_then_resume(runner: Runner, name: str, env_id: str, *args, nproc: int = 0) -> dict:
     """Start `name ARGS` (under torchrun with nproc ranks if nproc), SIGTERM it once it logs, expect a checkpoint,
     no summary, and exit 0 (torchrun, which passes the signal on to every rank, reports its own exit code); rerun
-    with --resume and return its summary (asynchronous files: the resumed result is not bitwise the same)."""
+    with --resume and return its summary (asynchronous files: the resumed result is not bitwise the same). As
+    above: a budget that lasts at least 5 times the 1 s wait on a 2-core machine."""
     import signal
     proc = runner.start(name, *args, "--exp-name", "cut", nproc=nproc)
     assert wait_for(lambda: list(runner.run_dir(env_id, "cut").glob("events.*")), 60)

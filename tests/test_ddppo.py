@@ -523,7 +523,7 @@ def test_resume_of_a_checkpoint_of_the_last_update_evaluates(runner):
 
 
 def test_sigterm_saves_checkpoint_and_resume_finishes(runner):
-    args = ["--total-timesteps", 300 * 256, "--eval-episodes", 2]
+    args = ["--total-timesteps", 600 * 256, "--eval-episodes", 2]
     proc = runner.start("ddppo", *args)
     assert wait_for(lambda: (runner.run_dir(ENV, "ddppo")).exists(), timeout=60)
     time.sleep(1.0)
@@ -533,7 +533,7 @@ def test_sigterm_saves_checkpoint_and_resume_finishes(runner):
     assert "checkpoint" in out and (runner.run_dir(ENV, "ddppo") / "checkpoint.pt").exists()
     assert not (runner.run_dir(ENV, "ddppo") / "summary.json").exists()
     check_ok(runner.run("ddppo", *args, "--resume"))
-    assert runner.summary(ENV, "ddppo")["global_step"] == 300 * 256
+    assert runner.summary(ENV, "ddppo")["global_step"] == 600 * 256
 
 
 def test_dead_worker_ends_job_quickly_without_orphans(runner):

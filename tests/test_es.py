@@ -169,7 +169,7 @@ def test_mujoco_continuous_actions_run(runner):
 
 
 def test_sigterm_checkpoint_and_resume_equal_uninterrupted(runner):
-    sigterm_and_resume(runner, "es", ENV, "--total-timesteps", 100_000, "--eval-episodes", 2)
+    sigterm_and_resume(runner, "es", ENV, "--total-timesteps", 1_500_000, "--eval-episodes", 2)
 
 
 def test_dead_worker_ends_job_quickly_without_orphans(runner):

@@ -327,7 +327,7 @@ def test_continuous_actions_run(runner, env_id):
 
 def test_sigterm_checkpoint_and_resume_equal_uninterrupted(runner):
     """With FedPG-BR and attackers, so that the filter's counts and the server's trajectories cross the checkpoint."""
-    sigterm_and_resume(runner, "fedpg", ENV, "--total-timesteps", 150_000, "--eval-episodes", 2, "--aggregator",
+    sigterm_and_resume(runner, "fedpg", ENV, "--total-timesteps", 500_000, "--eval-episodes", 2, "--aggregator",
                        "fedpg-br", "--num-byzantine", 3, "--attack", "sign-flip")
     s = runner.summary(ENV, "cut")
     assert 0 < s["kept_byzantine_mean"] < 1 and s["server_trajectories"] > 0

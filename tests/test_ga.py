@@ -150,7 +150,7 @@ def test_mujoco_continuous_actions_run(runner):
 
 
 def test_sigterm_checkpoint_and_resume_equal_uninterrupted(runner):  # decodes the parents from their seed lists
-    sigterm_and_resume(runner, "ga", ENV, "--total-timesteps", 400_000, "--eval-episodes", 2, "--elite-episodes", 10)
+    sigterm_and_resume(runner, "ga", ENV, "--total-timesteps", 1_000_000, "--eval-episodes", 2, "--elite-episodes", 10)
 
 
 def test_dead_worker_ends_job_quickly_without_orphans(runner):

@@ -276,8 +276,8 @@ def test_killed_actor_ends_the_job(runner):
 
 
 def test_sigterm_checkpoint_resume(runner):
-    s = sigterm_then_resume(runner, "impala", "CartPole-v1", "--total-timesteps", 100000)
-    assert s["global_step"] == 100000 - 100000 % (impala.Args().batch_size * 20)
+    s = sigterm_then_resume(runner, "impala", "CartPole-v1", "--total-timesteps", 400000)
+    assert s["global_step"] == 400000 - 400000 % (impala.Args().batch_size * 20)
 
 
 @pytest.mark.parametrize("args,name", bad_cases([
