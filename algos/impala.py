@@ -767,7 +767,7 @@ def main(args: Args) -> int:
                            "eval_return_std": float(np.std(eval_returns)), "reward_threshold": threshold,
                            "train_return_last20": float(np.mean(recent)) if recent else None,
                            "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step,
-                           "policy_lag_mean": float(np.mean(lags)),
+                           "policy_lag_mean": float(np.mean(lags)) if lags else None,  # None: resumed with no update left
                            "params_sha256": hashlib.sha256(flat_params(agent).numpy().tobytes()).hexdigest()}
                 with open(os.path.join(run_dir, "summary.json"), "w") as f:
                     json.dump(summary, f, indent=2)

@@ -795,8 +795,8 @@ def main(args: Args) -> int:
                        "eval_return_mean": float(np.mean(eval_returns)), "eval_return_std": float(np.std(eval_returns)),
                        "train_return_last20": float(np.mean(recent)) if recent else None,
                        "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step,
-                       "reward_threshold": threshold, "policy_lag_mean": float(np.mean(lags)),
-                       **{k: float(np.mean(v)) for k, v in inference_totals.items()},
+                       "reward_threshold": threshold, "policy_lag_mean": float(np.mean(lags)) if lags else None,
+                       **{k: float(np.mean(v)) if v else None for k, v in inference_totals.items()},  # None: no update
                        "params_sha256": hashlib.sha256(flat_params(agent).numpy().tobytes()).hexdigest()}
             with open(os.path.join(run_dir, "summary.json"), "w") as f:
                 json.dump(summary, f, indent=2)

@@ -61,7 +61,9 @@ class Runner:
         return self.cwd / "runs" / f"{env_id}__{exp_name}__{seed}"
 
     def summary(self, env_id: str, exp_name: str, seed: int = 1) -> dict:
-        return json.loads((self.run_dir(env_id, exp_name, seed) / "summary.json").read_text())
+        """The run's summary.json, which must be strict JSON: NaN or Infinity (a mean of nothing) fails the test."""
+        return json.loads((self.run_dir(env_id, exp_name, seed) / "summary.json").read_text(),
+                          parse_constant=lambda c: pytest.fail(f"summary.json holds {c}, which JSON does not allow"))
 
 
 @pytest.fixture
@@ -194,15 +196,21 @@ def sigterm_and_resume(runner: Runner, name: str, env_id: str, *args) -> None:
     assert not (runner.run_dir(env_id, "cut") / "summary.json").exists(), "the run ended before the signal"
     check_ok(runner.run(name, *args, "--exp-name", "cut", "--resume", "--num-workers", 2))
     assert_same_result(runner.summary(env_id, "whole"), runner.summary(env_id, "cut"))
-    # A checkpoint at or past --total-timesteps (the signal came during the last generation): no more training, but
-    # the evaluation and the summary, at the checkpoint's step (the last --total-timesteps given wins).
+    resume_at_the_checkpoints_end(runner, name, env_id, *args, "--num-workers", 2)
+
+
+def resume_at_the_checkpoints_end(runner: Runner, name: str, env_id: str, *args, nproc: int = 0) -> None:
+    """The cut run's checkpoint, resumed in a fresh run directory with --total-timesteps at its step (as when the
+    signal comes during the last update; the last --total-timesteps given wins): no more training, but the
+    evaluation and a summary at that step."""
     import shutil
     import torch
     ckpt, end = runner.run_dir(env_id, "cut") / "checkpoint.pt", runner.run_dir(env_id, "end")
-    step = torch.load(ckpt, weights_only=True)["global_step"]
+    saved = torch.load(ckpt, weights_only=True)
+    step = saved["progress"]["global_step"] if "progress" in saved else saved["global_step"]  # a3c: in "progress"
     end.mkdir()
     shutil.copy(ckpt, end)
-    check_ok(runner.run(name, *args, "--exp-name", "end", "--resume", "--num-workers", 2, "--total-timesteps", step))
+    check_ok(runner.run(name, *args, "--exp-name", "end", "--resume", "--total-timesteps", step, nproc=nproc))
     assert runner.summary(env_id, "end")["global_step"] == step
 
 
@@ -221,6 +229,7 @@ def sigterm_then_resume(runner: Runner, name: str, env_id: str, *args, nproc: in
     assert (runner.run_dir(env_id, "cut") / "checkpoint.pt").exists()
     assert not (runner.run_dir(env_id, "cut") / "summary.json").exists(), "the run ended before the signal"
     check_ok(runner.run(name, *args, "--exp-name", "cut", "--resume", nproc=nproc))
+    resume_at_the_checkpoints_end(runner, name, env_id, *args, nproc=nproc)
     return runner.summary(env_id, "cut")
 
 
