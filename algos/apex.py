@@ -820,7 +820,7 @@ def main(args: Args) -> int:
                        "sps": global_step / wall, "train_time_s": wall, "eval_return_mean": float(np.mean(eval_returns)),
                        "eval_return_std": float(np.std(eval_returns)), "reward_threshold": threshold,
                        "train_return_last20": float(np.mean(recent)) if recent else None, "threshold_step": threshold_step,
-                       "time_to_threshold_s": time_to_threshold, "policy_lag_mean": float(np.mean(lags)) if lags else 0.0,
+                       "time_to_threshold_s": time_to_threshold, "policy_lag_mean": float(np.mean(lags)) if lags else None,
                        "replay_inserts_per_s": n_insert / t_insert, "replay_samples_per_s": n_sample / t_sample,
                        "learner_updates_per_s": updates / wall, "learner_compute_s": t_learn, "replay_bytes": replay.nbytes(),
                        "replay_bytes_per_transition": replay.nbytes() / args.buffer_size,

@@ -444,7 +444,7 @@ def main(args: Args) -> int:
                 time_to_threshold, threshold_step = time.time() - PROCESS_START, global_step
         if rank == 0:
             now = time.time()
-            sps = (global_step - steps_at_start) / (now - train_start)
+            sps = global_step / (wall_before + now - train_start)  # whole run
             scalars = {"charts/episodic_return": returns.mean(), "charts/episodic_length": lengths.mean(),
                        "charts/episodic_return_max": returns.max(), "charts/SPS": sps, "charts/episode_cap": cap,
                        "charts/learning_rate": args.learning_rate, "losses/grad_norm": grad_norm,
@@ -473,7 +473,7 @@ def main(args: Args) -> int:
                 writer.add_scalar("eval/episodic_return", r, i)
             summary = {"algo": "es", "env_id": args.env_id, "seed": args.seed, "world_size": world,
                        "global_step": global_step, "generations": generation, "wall_time_s": time.time() - PROCESS_START,
-                       "episodes_per_s": episodes / (time.time() - train_start), "sps": sps, "train_time_s": wall,
+                       "episodes_per_s": episodes / (time.time() - train_start), "sps": global_step / wall, "train_time_s": wall,
                        "eval_return_mean": float(np.mean(eval_returns)), "eval_return_std": float(np.std(eval_returns)),
                        "train_return_last20": float(np.mean(recent)) if recent else None,
                        "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step,

@@ -518,7 +518,7 @@ def main(args: Args) -> int:
              f"E={args.local_updates} h={args.heterogeneity} seed={args.seed} hidden={args.hidden_sizes}"
     state = dict(round=0, global_step=0, server_trajectories=0, wall_time_s=0.0, time_to_threshold_s=None,
                  threshold_step=None, threshold_trajectories=None, eval_threshold_trajectories=None, kept_byzantine=0.0,
-                 kept_honest=0.0, recent=[], config=config)
+                 kept_honest=0.0, recent=[], config=config, train_time_s=0.0)
     # Rank 0 reads the checkpoint and sends it to the other ranks: nodes need no shared filesystem.
     box = [torch.load(ckpt_path, weights_only=True) if args.resume and rank == 0 and os.path.exists(ckpt_path) else None]
     if world > 1:
@@ -542,7 +542,8 @@ def main(args: Args) -> int:
         print(f"{K} clients on {world} process(es); Byzantine clients ({args.attack}): {byzantine or 'none'}", flush=True)
 
     def checkpoint():
-        save_checkpoint(ckpt_path, dict(state, theta=theta, wall_time_s=state["wall_time_s"] + time.time() - PROCESS_START))
+        save_checkpoint(ckpt_path, dict(state, theta=theta, wall_time_s=state["wall_time_s"] + time.time() - PROCESS_START,
+                                        train_time_s=state["train_time_s"] + time.time() - train_start))
 
     def last20() -> tuple:  # mean return and count of the fewest latest whole rounds with at least 20 honest episodes
         count, total = 0, 0.0
@@ -609,7 +610,7 @@ def main(args: Args) -> int:
             if threshold is not None and state["eval_threshold_trajectories"] is None and eval_return >= threshold:
                 state["eval_threshold_trajectories"] = trajectories
         now = time.time()
-        sps = (state["global_step"] - steps_at_start) / (now - train_start)
+        sps = state["global_step"] / (state["train_time_s"] + now - train_start)  # whole run
         scalars = {"charts/episodic_return": round_return, "charts/SPS": sps, "charts/learning_rate": eta,
                    "charts/trajectories_per_client": trajectories, "losses/theta_norm": float(theta.norm()),
                    "losses/update_norm_median": float(rows[:, META:].norm(dim=1).median()),
@@ -630,17 +631,17 @@ def main(args: Args) -> int:
             checkpoint()
             print(f"signal received: checkpoint of round {state['round']} written to {ckpt_path}; rerun with --resume")
     elif rank == 0:
+        wall, rounds = state["train_time_s"] + time.time() - train_start, max(state["round"], 1)
         eval_returns = evaluate(policy, theta, args.env_id, args.eval_episodes, args.seed + 10**6, max_steps)
         for i, r in enumerate(eval_returns):
             writer.add_scalar("eval/episodic_return", r, i)
-        rounds = max(state["round"], 1)
         summary = {"algo": "fedpg", "aggregator": args.aggregator, "env_id": args.env_id, "seed": args.seed,
                    "world_size": world, "num_clients": K, "num_byzantine": args.num_byzantine, "attack": args.attack,
                    "byzantine_clients": byzantine, "heterogeneity": args.heterogeneity, "learning_rate": args.learning_rate,
                    "global_step": state["global_step"], "rounds": state["round"],
                    "trajectories_per_client": state["round"] * args.B * args.local_updates, "server_trajectories": state["server_trajectories"],
-                   "wall_time_s": state["wall_time_s"] + time.time() - PROCESS_START, "sps": sps,
-                   "train_time_s": time.time() - train_start,
+                   "wall_time_s": state["wall_time_s"] + time.time() - PROCESS_START, "sps": state["global_step"] / wall,
+                   "train_time_s": wall,
                    "eval_return_mean": float(np.mean(eval_returns)), "eval_return_std": float(np.std(eval_returns)),
                    "train_return_last20": last20()[0] if state["recent"] else None,
                    "time_to_threshold_s": state["time_to_threshold_s"], "threshold_step": state["threshold_step"],

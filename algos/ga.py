@@ -413,7 +413,7 @@ def main(args: Args) -> int:
         # 1. The generation: N fresh individuals at first, then N - 1 mutants of uniformly chosen parents.
         individuals = make_generation(parents, args.seed, generation, N, args.noise_table_size, dim)
         fitness, lengths = run_episodes(policy, lambda j: get_params(individuals[j]), len(individuals),
-                                                env_seed(args, generation, 0), args, cap, env_threads)
+                                        env_seed(args, generation, 0), args, cap, env_threads)
         # 2. The elite: the candidates' mean return over E more episodes each (episode j: candidate j // E).
         candidates = elite_candidates(individuals, fitness, elite, C)
         cand_params = [get_params(c) for c in candidates]
@@ -441,7 +441,7 @@ def main(args: Args) -> int:
                 time_to_threshold, threshold_step = time.time() - PROCESS_START, global_step
         if rank == 0:
             now = time.time()
-            sps = (global_step - steps_at_start) / (now - train_start)
+            sps = global_step / (wall_before + now - train_start)  # whole run
             scalars = {"charts/episodic_return": fitness.mean(), "charts/episodic_length": lengths.mean(),
                        "charts/episodic_return_max": fitness.max(), "charts/elite_return": elite_score,
                        "charts/parents_return": float(np.sort(fitness)[::-1][:args.truncation].mean()),
@@ -471,7 +471,7 @@ def main(args: Args) -> int:
                 writer.add_scalar("eval/episodic_return", r, i)
             summary = {"algo": "ga", "env_id": args.env_id, "seed": args.seed, "world_size": world,
                        "global_step": global_step, "generations": generation, "wall_time_s": time.time() - PROCESS_START,
-                       "episodes_per_s": episodes / (time.time() - train_start), "sps": sps, "train_time_s": wall,
+                       "episodes_per_s": episodes / (time.time() - train_start), "sps": global_step / wall, "train_time_s": wall,
                        "eval_return_mean": float(np.mean(eval_returns)), "eval_return_std": float(np.std(eval_returns)),
                        "train_return_last20": float(np.mean(recent)) if recent else None,
                        "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step,

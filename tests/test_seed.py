@@ -48,8 +48,8 @@ def test_killed_actor_ends_the_job(runner):
 
 
 def test_sigterm_checkpoint_resume(runner):
-    s = sigterm_then_resume(runner, "seed", "CartPole-v1", "--total-timesteps", 100000)
-    assert s["global_step"] == 100000 - 100000 % 160
+    s = sigterm_then_resume(runner, "seed", "CartPole-v1", "--total-timesteps", 200000)
+    assert s["global_step"] == 200000 - 200000 % 160
 
 
 def test_sigterm_under_torchrun_with_a_remote_actor_checkpoints_and_resumes(runner):
