@@ -183,8 +183,9 @@ def bad_cases(cases: list) -> list:
 def sigterm_and_resume(runner: Runner, name: str, env_id: str, *args) -> None:
     """Run `name ARGS` to the end ("whole"); run it again with 2 spawned workers ("cut"), SIGTERM it once it has
     started, expect exit 0 with a checkpoint and no summary, resume it with 2 workers (rank 0 reads the checkpoint
-    and broadcasts it), and expect the same result; then resume the checkpoint at its own step (below). Give a budget that lasts at least 8 times the 0.5 s wait on a
-    2-core machine, so that on a faster CPU the signal still comes before the end."""
+    and broadcasts it), and expect the same result; then resume the checkpoint at its own step (below). Give a
+    budget that lasts at least 8 times the 0.5 s wait on a 2-core machine, so that on a faster CPU the signal still
+    comes before the end."""
     import signal
     check_ok(runner.run(name, *args, "--exp-name", "whole"))
     proc = runner.start(name, *args, "--exp-name", "cut", "--num-workers", 2)
