@@ -4,6 +4,7 @@ since process start and against environment steps, with the reward threshold.
   python benchmark/plot.py ddppo --entry ddppo --out docs/img/ddppo_cartpole.png
   python benchmark/plot.py evolution_mujoco --entry ga_hopper --key charts/elite_return --threshold 0 --out x.png
 """
+
 import argparse
 import json
 from pathlib import Path
@@ -34,7 +35,7 @@ def main() -> None:
     a = p.parse_args()
     fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(11, 4))
     raw = ROOT / "benchmark" / "results" / "raw" / a.suite
-    for seed_dir in sorted(d for d in raw.glob(f"{a.entry}_*") if d.name[len(a.entry) + 1:].isdigit()):
+    for seed_dir in sorted(d for d in raw.glob(f"{a.entry}_*") if d.name[len(a.entry) + 1 :].isdigit()):
         run_dir = next(seed_dir.glob("runs/*"))
         summary = json.loads((run_dir / "summary.json").read_text())
         steps, walls, values = curves(run_dir, a.key)

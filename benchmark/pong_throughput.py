@@ -7,6 +7,7 @@ the same sizes and their training SPS is divided by the limit.
 
   python benchmark/pong_throughput.py                  # -> benchmark/results/pong_throughput.json
 """
+
 import argparse
 import importlib.util
 import json
@@ -55,10 +56,16 @@ def main() -> None:
     with torch.no_grad():
         t_infer = timed(lambda: agent(obs, torch.ones(1, N), agent.initial_state(N)), a.seconds) / N
     args = impala.Args(env_id="Pong-v5")
-    batch = {"obs": torch.randint(0, 255, (T + 1, B, 4, 84, 84), dtype=torch.uint8),
-             "actions": torch.randint(0, n_act, (T, B)), "logits": torch.zeros(T, B, n_act),
-             "state": agent.initial_state(B), "rewards": torch.zeros(T, B), "terms": torch.zeros(T, B),
-             "dones": torch.zeros(T, B), "valid": torch.ones(T, B)}
+    batch = {
+        "obs": torch.randint(0, 255, (T + 1, B, 4, 84, 84), dtype=torch.uint8),
+        "actions": torch.randint(0, n_act, (T, B)),
+        "logits": torch.zeros(T, B, n_act),
+        "state": agent.initial_state(B),
+        "rewards": torch.zeros(T, B),
+        "terms": torch.zeros(T, B),
+        "dones": torch.zeros(T, B),
+        "valid": torch.ones(T, B),
+    }
     params = list(agent.parameters())
     opt = impala.optimizer_init(params)
 
@@ -68,23 +75,58 @@ def main() -> None:
         loss.backward()
         grad = impala.clip_grad(torch.cat([p.grad.reshape(-1) for p in params]), 40.0)
         impala.adam_step(params, grad, opt, 1e-4)
+
     t_learn = timed(learn, a.seconds) / (T * B)
     limit = 1.0 / (t_env + t_infer + t_learn)
-    print(f"t_env {t_env * 1e3:.3f} ms, t_infer {t_infer * 1e3:.3f} ms, t_learn {t_learn * 1e3:.3f} ms per step: "
-          f"limit {limit:.0f} steps/s", flush=True)
-    record = {"machine": machine(), "command": " ".join(sys.argv), "t_env_ms": t_env * 1e3,
-              "t_infer_ms": t_infer * 1e3, "t_learn_ms": t_learn * 1e3, "limit_sps": limit, "runs": {}}
-    record["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    print(
+        f"t_env {t_env * 1e3:.3f} ms, t_infer {t_infer * 1e3:.3f} ms, t_learn {t_learn * 1e3:.3f} ms per step: "
+        f"limit {limit:.0f} steps/s",
+        flush=True,
+    )
+    record = {
+        "machine": machine(),
+        "command": " ".join(sys.argv),
+        "t_env_ms": t_env * 1e3,
+        "t_infer_ms": t_infer * 1e3,
+        "t_learn_ms": t_learn * 1e3,
+        "limit_sps": limit,
+        "runs": {},
+    }
+    record["commit"] = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     for name in ["impala", "seed"]:
-        cmd = [sys.executable, str(ROOT / "algos" / f"{name}.py"), "--env-id", "Pong-v5", "--num-envs", str(N),
-               "--unroll-length", str(T), "--batch-size", str(B), "--learning-rate", "3e-4",
-               "--total-timesteps", str(a.total_timesteps), "--eval-episodes", "1", "--exp-name", "throughput",
-               "--torch-threads", "2"]  # the learner gets every core, as when it was timed alone
+        cmd = [
+            sys.executable,
+            str(ROOT / "algos" / f"{name}.py"),
+            "--env-id",
+            "Pong-v5",
+            "--num-envs",
+            str(N),
+            "--unroll-length",
+            str(T),
+            "--batch-size",
+            str(B),
+            "--learning-rate",
+            "3e-4",
+            "--total-timesteps",
+            str(a.total_timesteps),
+            "--eval-episodes",
+            "1",
+            "--exp-name",
+            "throughput",
+            "--torch-threads",
+            "2",
+        ]  # the learner gets every core, as when it was timed alone
         with tempfile.TemporaryDirectory() as tmp:
             subprocess.run(cmd, cwd=tmp, check=True, stdout=subprocess.DEVNULL)
             summary = json.loads((Path(tmp) / "runs" / "Pong-v5__throughput__1" / "summary.json").read_text())
-        record["runs"][name] = {"command": " ".join(cmd[1:]), "sps": summary["sps"], "ratio": summary["sps"] / limit,
-                                "policy_lag_mean": summary["policy_lag_mean"]}
+        record["runs"][name] = {
+            "command": " ".join(cmd[1:]),
+            "sps": summary["sps"],
+            "ratio": summary["sps"] / limit,
+            "policy_lag_mean": summary["policy_lag_mean"],
+        }
         print(f"{name}: {summary['sps']:.0f} SPS = {summary['sps'] / limit:.2f} of the limit", flush=True)
     Path(a.out).write_text(json.dumps(record, indent=2))
 

@@ -7,6 +7,7 @@ sequence for R2D2).
 
   python benchmark/replay_memory.py r2d2 --env-id Pong-v5 --burn-in 40 --sequence-length 80 --sequence-overlap 40
 """
+
 import json
 import sys
 from pathlib import Path
@@ -26,13 +27,24 @@ def main() -> None:
     buffers = module.block_buffers(args, spec, 1, shared=False)
     keys = module.SEQUENCE_KEYS if name == "r2d2" else module.TRANSITION_KEYS
     capacity = 1000
-    replay = module.PrioritizedReplay(capacity, {k: buffers[k][0, 0] for k in keys}, args.alpha, args.priority_eps,
-                                      torch.device("cpu"))
+    replay = module.PrioritizedReplay(
+        capacity, {k: buffers[k][0, 0] for k in keys}, args.alpha, args.priority_eps, torch.device("cpu")
+    )
     per_item = replay.nbytes() / capacity
     steps = args.sequence_length - args.sequence_overlap if name == "r2d2" else 1
-    print(json.dumps({"algo": name, "flags": flags, "fields": {k: [list(v.shape), str(v.dtype)] for k, v in replay.data.items()},
-                      "bytes_per_item": per_item, "bytes_per_step": per_item / steps,
-                      "gb_per_million_steps": per_item / steps * 1e6 / 1e9}, indent=2))
+    print(
+        json.dumps(
+            {
+                "algo": name,
+                "flags": flags,
+                "fields": {k: [list(v.shape), str(v.dtype)] for k, v in replay.data.items()},
+                "bytes_per_item": per_item,
+                "bytes_per_step": per_item / steps,
+                "gb_per_million_steps": per_item / steps * 1e6 / 1e9,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Fixtures shared by every algorithm's tests: run an algos/ file as a user would, read its outputs back."""
+
 import importlib.util
 import json
 import os
@@ -38,8 +39,17 @@ def algo_command(name: str, args, nproc: int = 0) -> list:
     """`python algos/<name>.py ARGS`, or under `torchrun --standalone --nproc_per_node=nproc` when nproc > 0."""
     script = str(ALGOS / f"{name}.py")
     if nproc:
-        return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={nproc}",
-                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", script, *map(str, args)]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=1",
+            f"--nproc_per_node={nproc}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+            script,
+            *map(str, args),
+        ]
     return [sys.executable, script, *map(str, args)]
 
 
@@ -50,20 +60,35 @@ class Runner:
         self.cwd = cwd
 
     def run(self, name: str, *args, nproc: int = 0, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run(algo_command(name, args, nproc), cwd=self.cwd, env=child_env(), capture_output=True,
-                              text=True, timeout=timeout)
+        return subprocess.run(
+            algo_command(name, args, nproc),
+            cwd=self.cwd,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def start(self, name: str, *args, nproc: int = 0) -> subprocess.Popen:
-        return subprocess.Popen(algo_command(name, args, nproc), cwd=self.cwd, env=child_env(),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        return subprocess.Popen(
+            algo_command(name, args, nproc),
+            cwd=self.cwd,
+            env=child_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
 
     def run_dir(self, env_id: str, exp_name: str, seed: int = 1) -> Path:
         return self.cwd / "runs" / f"{env_id}__{exp_name}__{seed}"
 
     def summary(self, env_id: str, exp_name: str, seed: int = 1) -> dict:
         """The run's summary.json, which must be strict JSON: NaN or Infinity (a mean of nothing) fails the test."""
-        return json.loads((self.run_dir(env_id, exp_name, seed) / "summary.json").read_text(),
-                          parse_constant=lambda c: pytest.fail(f"summary.json holds {c}, which JSON does not allow"))
+        return json.loads(
+            (self.run_dir(env_id, exp_name, seed) / "summary.json").read_text(),
+            parse_constant=lambda c: pytest.fail(f"summary.json holds {c}, which JSON does not allow"),
+        )
 
 
 @pytest.fixture
@@ -72,11 +97,26 @@ def runner(tmp_path) -> Runner:
 
 
 def check_ok(proc: subprocess.CompletedProcess) -> None:
-    assert proc.returncode == 0, f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+    )
 
 
-SUMMARY_KEYS = {"algo", "env_id", "seed", "world_size", "global_step", "wall_time_s", "sps", "eval_return_mean",
-                "eval_return_std", "train_return_last20", "time_to_threshold_s"}
+SUMMARY_KEYS = {
+    "algo",
+    "env_id",
+    "seed",
+    "world_size",
+    "global_step",
+    "wall_time_s",
+    "startup_s",
+    "train_time_s",
+    "sps",
+    "eval_return_mean",
+    "eval_return_std",
+    "train_return_last20",
+    "time_to_threshold_s",
+}
 
 
 def descendants(pid: int) -> list:
@@ -118,10 +158,16 @@ def kill_one_worker(proc: subprocess.Popen, script: str, ready, min_workers: int
     """SIGKILL the last of the job's worker processes (those running `script`) once `ready()` holds; assert the job
     then ends non-zero within 10 s and no worker outlives it. Returns the job's output."""
     import signal
+
     try:
+
         def workers():
-            return [p for p in descendants(proc.pid) if os.path.exists(f"/proc/{p}")
-                    and script in open(f"/proc/{p}/cmdline").read()]
+            return [
+                p
+                for p in descendants(proc.pid)
+                if os.path.exists(f"/proc/{p}") and script in open(f"/proc/{p}/cmdline").read()
+            ]
+
         assert wait_for(lambda: len(workers()) >= min_workers and ready(), 60), "the workers did not start"
         time.sleep(1.0)
         victims = workers()
@@ -130,8 +176,14 @@ def kill_one_worker(proc: subprocess.Popen, script: str, ready, min_workers: int
         out, _ = proc.communicate(timeout=30)
         assert time.time() - killed_at < 10, "the job took longer than 10 s to end"
         assert proc.returncode != 0, out
-        assert wait_for(lambda: not any(os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"
-                                        for p in victims), 5), "a worker outlived the job"
+        assert wait_for(
+            lambda: (
+                not any(
+                    os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z" for p in victims
+                )
+            ),
+            5,
+        ), "a worker outlived the job"
         return out
     finally:
         try:
@@ -143,22 +195,41 @@ def kill_one_worker(proc: subprocess.Popen, script: str, ready, min_workers: int
 def kill_parent(runner: "Runner", name: str, env_id: str, *args) -> None:
     """Start `name ARGS --num-workers 2` with its output in a file (as under SLURM), SIGKILL the parent once the
     workers run, and assert that every worker is gone within 10 s (none left blocked in a collective)."""
-    import signal
     import shlex
+    import signal
+
     command = " ".join(shlex.quote(str(c)) for c in algo_command(name, [*args, "--num-workers", 2]))
     # Launched from a shell in the background, output to a file, as a batch script would: started from Python
     # directly, the workers of the unguarded files happened to die with the parent, which hid the bug.
-    launcher = subprocess.run(["bash", "-c", f"{command} > job.log 2>&1 < /dev/null & echo $!"], cwd=runner.cwd,
-                              env=child_env(), capture_output=True, text=True, check=True)
+    launcher = subprocess.run(
+        ["bash", "-c", f"{command} > job.log 2>&1 < /dev/null & echo $!"],
+        cwd=runner.cwd,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     parent = int(launcher.stdout.split()[-1])
-    workers = lambda: [p for p in descendants(parent) if os.path.exists(f"/proc/{p}")  # noqa: E731
-                       and f"{name}.py" in open(f"/proc/{p}/cmdline").read()]
+
+    def workers():
+        return [
+            p
+            for p in descendants(parent)
+            if os.path.exists(f"/proc/{p}") and f"{name}.py" in open(f"/proc/{p}/cmdline").read()
+        ]
+
     assert wait_for(lambda: len(workers()) >= 2 and runner.run_dir(env_id, name).exists(), 60), "no workers"
     time.sleep(1.0)
     victims = workers()
     os.kill(parent, signal.SIGKILL)
-    alive = lambda: [p for p in victims if os.path.exists(f"/proc/{p}")  # noqa: E731
-                     and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
+
+    def alive():
+        return [
+            p
+            for p in victims
+            if os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+        ]
+
     try:
         assert wait_for(lambda: not alive(), 10), f"workers {alive()} outlived their parent"
     finally:
@@ -167,8 +238,16 @@ def kill_parent(runner: "Runner", name: str, env_id: str, *args) -> None:
 
 
 # summary.json keys that measure time or depend on the launch (worker count, padding), not the result
-LAUNCH_KEYS = {"wall_time_s", "sps", "train_time_s", "time_to_threshold_s", "world_size", "bytes_per_generation",
-               "episodes_per_s"}
+LAUNCH_KEYS = {
+    "wall_time_s",
+    "startup_s",
+    "sps",
+    "train_time_s",
+    "time_to_threshold_s",
+    "world_size",
+    "bytes_per_generation",
+    "episodes_per_s",
+}
 
 
 def assert_same_result(a: dict, b: dict) -> None:
@@ -187,6 +266,7 @@ def sigterm_and_resume(runner: Runner, name: str, env_id: str, *args) -> None:
     budget that lasts at least 8 times the 0.5 s wait on a 2-core machine, so that on a faster CPU the signal still
     comes before the end."""
     import signal
+
     check_ok(runner.run(name, *args, "--exp-name", "whole"))
     proc = runner.start(name, *args, "--exp-name", "cut", "--num-workers", 2)
     assert wait_for(lambda: list(runner.run_dir(env_id, "cut").glob("events.*")), 60)
@@ -205,7 +285,9 @@ def resume_at_the_checkpoints_end(runner: Runner, name: str, env_id: str, *args,
     signal comes during the last update; the last --total-timesteps given wins): no more training, but the
     evaluation and a summary at that step."""
     import shutil
+
     import torch
+
     ckpt, end = runner.run_dir(env_id, "cut") / "checkpoint.pt", runner.run_dir(env_id, "end")
     saved = torch.load(ckpt, weights_only=True)
     step = saved["progress"]["global_step"] if "progress" in saved else saved["global_step"]  # a3c: in "progress"
@@ -223,6 +305,7 @@ def sigterm_then_resume(runner: Runner, name: str, env_id: str, *args, nproc: in
     with --resume and return its summary (asynchronous files: the resumed result is not bitwise the same). As
     above: a budget that lasts at least 5 times the 1 s wait on a 2-core machine."""
     import signal
+
     proc = runner.start(name, *args, "--exp-name", "cut", nproc=nproc)
     assert wait_for(lambda: list(runner.run_dir(env_id, "cut").glob("events.*")), 60)
     time.sleep(1.0)
@@ -256,6 +339,7 @@ def start_actor(module, args, spec, net, num_buffers: int = 2):
     """One real actor of an Ape-X-family file (apex, r2d2) forked over `num_buffers` shared block buffers, with
     `net`'s parameters published as version 0. Returns (process, buffers, store, free_q, full_q)."""
     import torch.multiprocessing as mp
+
     buffers = module.block_buffers(args, spec, num_buffers)
     store = module.ParameterStore(sum(p.numel() for p in net.parameters()))
     store.publish(module.flat_params(net), 0)
@@ -263,7 +347,8 @@ def start_actor(module, args, spec, net, num_buffers: int = 2):
     free_q, full_q = ctx.Queue(maxsize=num_buffers), ctx.Queue(maxsize=num_buffers)
     for k in range(num_buffers):
         free_q.put(k)
-    actor = ctx.Process(target=module.actor_loop, args=(0, args, spec, module.LocalLink(buffers, store, free_q, full_q)),
-                        daemon=True)
+    actor = ctx.Process(
+        target=module.actor_loop, args=(0, args, spec, module.LocalLink(buffers, store, free_q, full_q)), daemon=True
+    )
     actor.start()
     return actor, buffers, store, free_q, full_q
