@@ -1,15 +1,18 @@
 # docs: docs/apex.md | paper: https://arxiv.org/abs/1803.00933
 """Ape-X DQN: Distributed Prioritized Experience Replay (Horgan et al., 2018).
 
-Actors step envpool batches with a local Q-network, each env with its own epsilon_i, form n-step transitions with
-initial priorities and hand them over in blocks (shared memory, bounded index queues). The learner keeps a central
-proportional prioritized replay, trains a dueling double-Q network on it and publishes parameters. Under torchrun,
-rank 0 hosts learner and replay; every other rank is one more actor shipping blocks through torch.distributed.
+Actors step envpool batches with a local Q-network, each env with its own epsilon_i, form n-step
+transitions with initial priorities and hand them over in blocks (shared memory, bounded index
+queues). The learner keeps a central proportional prioritized replay, trains a dueling double-Q
+network on it and publishes parameters. Under torchrun, rank 0 hosts learner and replay; every other
+rank is one more actor shipping blocks through torch.distributed.
 
   python algos/apex.py                                              # learner + actors on one machine, CartPole-v1
   torchrun --standalone --nproc_per_node=3 algos/apex.py            # rank 0 learner + replay, ranks 1-2 actors
 """
+
 import ctypes
+import hashlib
 import json
 import math
 import os
@@ -19,38 +22,20 @@ import signal
 import sys
 import threading
 import time
-import types
 import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Optional
 
-
-def process_start_time() -> float:
-    """Wall-clock time at which this process started (Linux /proc), so start-up and imports are counted."""
-    try:
-        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
-            ticks, up = int(stat.read().rsplit(")", 1)[1].split()[19]), float(uptime.read().split()[0])
-        return time.time() - up + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return time.time()
-
-
-PROCESS_START = process_start_time()
-
-# `import envpool` registers every env family it ships. Four of them cost ~0.6 s of start-up (jumanji's alone
-# imports matplotlib) and have no environment this file can train on; their registration is skipped.
-if "envpool" not in sys.modules:
-    for _name in ("jumanji", "pgx", "mujoco.dmc", "mujoco.playground"):
-        sys.modules[f"envpool.{_name}.registration"] = types.ModuleType(f"envpool.{_name}.registration")
-import envpool  # noqa: E402
-import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import tyro  # noqa: E402
+import envpool
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import tyro
+from torch.utils.tensorboard import SummaryWriter
 
 
 @dataclass
@@ -80,7 +65,7 @@ class Args:
     gamma: float = 0.99  # discount factor
     n_step: int = 3  # n of the n-step returns (paper: 3)
     alpha: float = 0.6  # priority exponent: P(i) = p_i^alpha / sum_k p_k^alpha (paper: 0.6)
-    beta: float = 0.4  # importance-sampling exponent at the start, annealed linearly to 1 (paper: 0.4)
+    beta: float = 0.4  # importance-sampling exponent at the start, annealed linearly to 1 (paper: 0.4, kept)
     priority_eps: float = 1e-6  # added to |delta| so that no transition has priority 0
     epsilon: float = 0.4  # epsilon_i = epsilon^(1 + epsilon_alpha i / (N - 1)) over the N environments (paper: 0.4)
     epsilon_alpha: float = 7.0  # the exponent's spread alpha of the epsilon_i schedule (paper: 7)
@@ -89,19 +74,22 @@ class Args:
     learning_starts: int = 1000  # environment steps before the learner starts (per run segment)
     steps_per_update: float = 8.0  # environment steps per learner update: the rate limit between actors and learner
     num_envs: int = 16  # environments stepped by each actor (each with its own epsilon_i)
-    block_length: int = 8  # steps of an actor's batch per block sent to the replay (block_length x num_envs transitions)
+    # steps of an actor's batch per block sent to the replay (block_length x num_envs transitions)
+    block_length: int = 8
     actor_update_interval: int = 32  # steps of an actor's batch between parameter refreshes (paper: 400 frames)
     threshold_epsilon: float = 0.01
-    """only envs with epsilon_i at most this (or the least) count in train_return_last20 and time_to_threshold"""
+    """only envs with epsilon_i at most this (or the least) count in train_return_last20 and
+    time_to_threshold"""
     torch_threads: int = 0  # learner's torch threads (0: 1; actors always use 1)
     env_threads: int = 0  # envpool threads per actor (0: 1)
     # --- distributed ---
     num_actors: int = 0  # actor processes on rank 0 (0: one per available CPU but one, at least 1)
     num_buffers: int = 0  # shared block buffers (0: 2 per actor, counting remote ranks, plus 2)
     deterministic: bool = False
-    """blocks inserted in a fixed order (by round, then actor), actors act with the parameters of the round before
-    last: bitwise reproducible on CPU, at the price of actors waiting"""
-    checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many learner updates (0: on signals only)
+    """blocks inserted in a fixed order (by round, then actor), actors act with the parameters of
+    the round before last: bitwise reproducible on CPU, at the price of actors waiting"""
+    # write runs/<run_name>/checkpoint.pt every this many learner updates (0: on signals only)
+    checkpoint_every: int = 0
     resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists (the replay is refilled)
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
@@ -119,15 +107,41 @@ def fail(arg: str, message: str) -> None:
 
 
 def validate(args: Args) -> None:
-    if not 0 <= args.seed < 2**30:  # env seeds add offsets to it and must stay 32-bit
+    # env seeds add offsets to the seed and must stay 32-bit
+    if not 0 <= args.seed < 2**30:
         fail("seed", f"must be in [0, 2**30), got {args.seed}")
-    for name in ["total_timesteps", "eval_episodes", "learning_rate", "adam_eps", "batch_size", "buffer_size", "n_step",
-                 "priority_eps", "target_network_frequency", "steps_per_update", "num_envs", "block_length", "hidden_size",
-                 "actor_update_interval", "max_grad_norm"]:
+    positive = [
+        "total_timesteps",
+        "eval_episodes",
+        "learning_rate",
+        "adam_eps",
+        "batch_size",
+        "buffer_size",
+        "n_step",
+        "priority_eps",
+        "target_network_frequency",
+        "steps_per_update",
+        "num_envs",
+        "block_length",
+        "hidden_size",
+        "actor_update_interval",
+        "max_grad_norm",
+    ]
+    for name in positive:
         if getattr(args, name) <= 0:
             fail(name, f"must be positive, got {getattr(args, name)}")
-    for name in ["torch_threads", "env_threads", "num_actors", "num_buffers", "checkpoint_every", "learning_starts",
-                 "alpha", "epsilon_alpha", "threshold_epsilon"]:
+    not_negative = [
+        "torch_threads",
+        "env_threads",
+        "num_actors",
+        "num_buffers",
+        "checkpoint_every",
+        "learning_starts",
+        "alpha",
+        "epsilon_alpha",
+        "threshold_epsilon",
+    ]
+    for name in not_negative:
         if getattr(args, name) < 0:
             fail(name, f"must not be negative, got {getattr(args, name)}")
     for name in ["gamma", "beta", "epsilon"]:
@@ -137,12 +151,14 @@ def validate(args: Args) -> None:
         fail("batch_size", f"{args.batch_size} exceeds --buffer-size {args.buffer_size}")
     if args.block_length * args.num_envs > args.buffer_size:
         fail("buffer_size", f"{args.buffer_size} is smaller than one block ({args.block_length} x {args.num_envs})")
-    if args.num_buffers and args.num_buffers < 2 * (default_num_actors(args) + int(os.environ.get("WORLD_SIZE", "1")) - 1):
+    total_actors = default_num_actors(args) + int(os.environ.get("WORLD_SIZE", "1")) - 1
+    if args.num_buffers and args.num_buffers < 2 * total_actors:
         fail("num_buffers", f"{args.num_buffers} is too few: every actor needs two")
     if args.env_id not in envpool.list_all_envs():
         fail("env_id", f"'{args.env_id}' is not an envpool environment")
     spec = envpool.make_spec(args.env_id)
-    obs_space, act_space = spec.observation_space, spec.action_space
+    obs_space = spec.observation_space
+    act_space = spec.action_space
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
         fail("env_id", f"'{args.env_id}' has observation space {obs_space}; Ape-X here needs a flat or image Box")
     if not isinstance(act_space, gym.spaces.Discrete):
@@ -155,17 +171,27 @@ def validate(args: Args) -> None:
 
 # ----------------------------------------------------------------------------------------------- environment
 def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, **kwargs):
-    """An envpool batch. Env i of the batch is seeded with seed + i. Atari gets DeepMind preprocessing."""
-    extra = {}
-    if len(envpool.make_spec(env_id).observation_space.shape) == 3:  # Atari: 84x84 grey, 4 stacked, skip 4
-        extra = dict(episodic_life=True, reward_clip=True, noop_max=30, repeat_action_probability=0.0)
-    extra.update(kwargs)
-    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_threads=num_threads,
-                        thread_affinity_offset=-1, **extra)
+    """An envpool batch. Env i of the batch is seeded with seed + i. Atari gets DeepMind
+    preprocessing."""
+    options = {}
+    # Atari: 84x84 grey frames, 4 stacked, frame skip 4 (envpool's defaults)
+    if len(envpool.make_spec(env_id).observation_space.shape) == 3:
+        options = dict(episodic_life=True, reward_clip=True, noop_max=30, repeat_action_probability=0.0)
+    options.update(kwargs)
+    return envpool.make(
+        env_id,
+        env_type="gymnasium",
+        num_envs=num_envs,
+        seed=seed,
+        num_threads=num_threads,
+        thread_affinity_offset=-1,
+        **options,
+    )
 
 
 def observe(obs: np.ndarray, mask_velocity: bool) -> np.ndarray:
-    """What the network sees: with --mask-velocity, CartPole's cart position and pole angle (columns 0 and 2) only."""
+    """What the network sees: with --mask-velocity, CartPole's cart position and pole angle (columns
+    0 and 2) only."""
     return obs[..., [0, 2]] if mask_velocity else obs
 
 
@@ -174,7 +200,8 @@ def obs_shape(args: Args, spec) -> tuple:
 
 
 def env_seed(args: Args, actor: int) -> int:
-    """Seed of env 0 of `actor` (local ones, then one per remote rank) in run segment args.segment (0, +1 per resume)."""
+    """Seed of env 0 of `actor` (local ones, then one per remote rank) in run segment args.segment
+    (0, then +1 per resume)."""
     return args.seed + (args.segment * args.total_actors + actor) * args.num_envs
 
 
@@ -186,24 +213,36 @@ def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -
 
 
 class QNetwork(nn.Module):
-    """Dueling architecture (Wang et al., 2016): Q(s, a) = V(s) + A(s, a) - mean_a' A(s, a') over a torso: a 2-layer
-    ReLU MLP for vectors, the Nature CNN for images (uint8 frames divided by 255 here: the replay keeps uint8)."""
+    """Dueling architecture (Wang et al., 2016): Q(s, a) = V(s) + A(s, a) - mean_a' A(s, a') over a
+    torso: a 2-layer ReLU MLP for vectors, the Nature CNN for images (uint8 frames divided by 255
+    here: the replay keeps uint8)."""
 
     def __init__(self, obs_shape, num_actions: int, network: str = "auto", hidden: int = 128):
         super().__init__()
         self.image = len(obs_shape) == 3
         if (network == "auto" and self.image) or network == "nature":
             self.torso = nn.Sequential(
-                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)), nn.ReLU(),
-                layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-                layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten())
+                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)),
+                nn.ReLU(),
+                layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+                nn.ReLU(),
+                layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+                nn.ReLU(),
+                nn.Flatten(),
+            )
             self.value = nn.Sequential(layer_init(nn.Linear(3136, 512)), nn.ReLU(), layer_init(nn.Linear(512, 1), 1.0))
-            self.advantage = nn.Sequential(layer_init(nn.Linear(3136, 512)), nn.ReLU(),
-                                           layer_init(nn.Linear(512, num_actions), 1.0))
+            self.advantage = nn.Sequential(
+                layer_init(nn.Linear(3136, 512)), nn.ReLU(), layer_init(nn.Linear(512, num_actions), 1.0)
+            )
         else:
-            self.torso = nn.Sequential(layer_init(nn.Linear(int(np.prod(obs_shape)), hidden)), nn.ReLU(),
-                                       layer_init(nn.Linear(hidden, hidden)), nn.ReLU())
-            self.value, self.advantage = layer_init(nn.Linear(hidden, 1), 1.0), layer_init(nn.Linear(hidden, num_actions), 1.0)
+            self.torso = nn.Sequential(
+                layer_init(nn.Linear(int(np.prod(obs_shape)), hidden)),
+                nn.ReLU(),
+                layer_init(nn.Linear(hidden, hidden)),
+                nn.ReLU(),
+            )
+            self.value = layer_init(nn.Linear(hidden, 1), 1.0)
+            self.advantage = layer_init(nn.Linear(hidden, num_actions), 1.0)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.float()
@@ -212,66 +251,82 @@ class QNetwork(nn.Module):
         return self.value(h) + adv - adv.mean(-1, keepdim=True)
 
 
+def make_network(args: Args, spec) -> QNetwork:
+    return QNetwork(obs_shape(args, spec), spec.action_space.n, args.network, args.hidden_size)
+
+
 # ----------------------------------------------------------------------------------------------- algorithm
 def epsilons(epsilon: float, alpha: float, n: int) -> np.ndarray:
-    """The paper's exploration rates epsilon_i = epsilon^(1 + alpha i / (N - 1)), i = 0..N-1 (N = 1: epsilon)."""
+    """The Ape-X exploration rates epsilon_i = epsilon^(1 + alpha i / (N - 1)), i = 0..N-1 (N = 1:
+    epsilon)."""
     return epsilon ** (1.0 + alpha * np.arange(n) / max(n - 1, 1))
 
 
 def n_step_targets(rewards, terms, dones, gamma: float, n: int):
-    """n-step returns for the windows starting at s = 0..L-n of [L, N] steps (vectorized over windows and envs):
+    """n-step returns for the windows starting at s = 0..L-n of [L, N] steps (vectorized over
+    windows and envs):
       m_s = min(n, steps up to and including the first episode end at or after s)
       G_s = sum_{k < m_s} gamma^k r_{s+k},  discount_s = gamma^m_s (1 - terminated_{s+m_s-1}),  bootstrap at x_{s+m_s}
 
-    A truncation bootstraps (from the final observation envpool returns as x_{s+m}), a termination does not.
-    Returns G, discount and the bootstrap index s + m_s, each [L-n+1, N]."""
+    A truncation bootstraps (from the final observation envpool returns as x_{s+m}), a termination
+    does not. Returns G, discount and the bootstrap index s + m_s, each [L-n+1, N]."""
     L = rewards.shape[0]
     W = L - n + 1
-    G, alive, disc = np.zeros((W,) + rewards.shape[1:]), np.ones((W,) + rewards.shape[1:]), np.ones((W,) + rewards.shape[1:])
-    m, term_end = np.zeros(G.shape, dtype=np.int64), np.zeros(G.shape)
+    G = np.zeros((W,) + rewards.shape[1:])
+    alive = np.ones(G.shape)
+    disc = np.ones(G.shape)
+    m = np.zeros(G.shape, dtype=np.int64)
+    term_end = np.zeros(G.shape)
     for k in range(n):
-        G += alive * disc * rewards[k:k + W]
+        G += alive * disc * rewards[k : k + W]
         m += alive.astype(np.int64)
-        term_end = np.where(alive > 0, terms[k:k + W], term_end)
+        term_end = np.where(alive > 0, terms[k : k + W], term_end)
         disc = np.where(alive > 0, disc * gamma, disc)
-        alive = alive * (1.0 - dones[k:k + W])
+        alive = alive * (1.0 - dones[k : k + W])
     return G, disc * (1.0 - term_end), np.arange(W).reshape((W,) + (1,) * (rewards.ndim - 1)) + m
 
 
 def td_errors(q_net: nn.Module, target_net: nn.Module, obs, actions, returns, discounts, next_obs):
-    """Double Q-learning n-step TD errors (van Hasselt et al., 2016): the online network picks the bootstrap action,
-    the target network values it: delta = G + discount Q_target(x', argmax_a Q(x', a)) - Q(x, a). Returns
-    (delta, Q(x, a)); delta carries no gradient through the target."""
+    """Double Q-learning n-step TD errors (van Hasselt et al., 2016): the online network picks the
+    bootstrap action, the target network values it: delta = G + discount Q_target(x', argmax_a Q(x',
+    a)) - Q(x, a). Returns (delta, Q(x, a)); delta carries no gradient through the target."""
     q = q_net(torch.cat([obs, next_obs]))
-    q_sa = q[:obs.shape[0]].gather(1, actions.unsqueeze(1)).squeeze(1)
+    q_sa = q[: obs.shape[0]].gather(1, actions.unsqueeze(1)).squeeze(1)
     with torch.no_grad():
-        best = q[obs.shape[0]:].argmax(1, keepdim=True)
+        best = q[obs.shape[0] :].argmax(1, keepdim=True)
         target = returns + discounts * target_net(next_obs).gather(1, best).squeeze(1)
     return target - q_sa, q_sa
 
 
 def apex_loss(q_net: nn.Module, target_net: nn.Module, batch: dict, weights: torch.Tensor):
-    """Importance-weighted Huber loss of the double-Q n-step TD errors; returns (loss, |delta|) for the priorities."""
-    delta, _ = td_errors(q_net, target_net, batch["obs"], batch["actions"], batch["returns"], batch["discounts"],
-                         batch["next_obs"])
-    huber = torch.where(delta.abs() < 1.0, 0.5 * delta ** 2, delta.abs() - 0.5)
+    """Importance-weighted Huber loss of the double-Q n-step TD errors; returns (loss, |delta|) for
+    the priorities."""
+    delta, _ = td_errors(
+        q_net, target_net, batch["obs"], batch["actions"], batch["returns"], batch["discounts"], batch["next_obs"]
+    )
+    huber = torch.where(delta.abs() < 1.0, 0.5 * delta**2, delta.abs() - 0.5)
     return (weights * huber).mean(), delta.detach().abs()
 
 
 class SumTree:
-    """Proportional prioritization's structure (Schaul et al., 2016): binary trees over `capacity` leaves (rounded up
-    to a power of two) whose inner nodes hold the sum (and, in a second tree, the min) of their children: sampling
-    and updates in O(log capacity), vectorized over batches. Unwritten leaves: 0 (sum tree), +inf (min tree)."""
+    """Proportional prioritization's structure (Schaul et al., 2016): binary trees over `capacity`
+    leaves (rounded up to a power of two) whose inner nodes hold the sum (and, in a second tree, the
+    min) of their children: sampling and updates in O(log capacity), vectorized over batches.
+    Unwritten leaves: 0 (sum tree), +inf (min tree)."""
 
     def __init__(self, capacity: int):
         self.size = 1 << max(1, (capacity - 1).bit_length())
-        self.sum, self.min = np.zeros(2 * self.size), np.full(2 * self.size, np.inf)
+        self.sum = np.zeros(2 * self.size)
+        self.min = np.full(2 * self.size, np.inf)
 
     def update(self, leaves: np.ndarray, priorities: np.ndarray) -> None:
-        """Set the priorities (already raised to alpha) of `leaves`; the last one wins for a repeated leaf."""
+        """Set the priorities (already raised to alpha) of `leaves`; the last one wins for a
+        repeated leaf."""
         nodes = np.asarray(leaves) + self.size
-        self.sum[nodes], self.min[nodes] = priorities, priorities
-        nodes = np.unique(nodes // 2)  # sorted, so each level's parents are deduplicated by comparing neighbours
+        self.sum[nodes] = priorities
+        self.min[nodes] = priorities
+        # sorted, so each level's parents are deduplicated by comparing neighbours
+        nodes = np.unique(nodes // 2)
         while True:
             self.sum[nodes] = self.sum[2 * nodes] + self.sum[2 * nodes + 1]
             self.min[nodes] = np.minimum(self.min[2 * nodes], self.min[2 * nodes + 1])
@@ -284,9 +339,10 @@ class SumTree:
         return float(self.sum[1])
 
     def find(self, values: np.ndarray) -> np.ndarray:
-        """The leaves whose prefix-sum intervals contain `values` (each in [0, total)): descend left when the value
-        is below the left child's sum, else subtract it and descend right."""
-        nodes, values = np.ones(len(values), dtype=np.int64), np.array(values, dtype=np.float64)
+        """The leaves whose prefix-sum intervals contain `values` (each in [0, total)): descend left
+        when the value is below the left child's sum, else subtract it and descend right."""
+        nodes = np.ones(len(values), dtype=np.int64)
+        values = np.array(values, dtype=np.float64)
         while nodes[0] < self.size:
             left = self.sum[2 * nodes]
             right = values >= left
@@ -296,70 +352,64 @@ class SumTree:
 
 
 class PrioritizedReplay:
-    """Ape-X's central replay: a ring of `capacity` transitions (FIFO eviction), trees over their p_i^alpha. Sampling
-    is stratified (one draw in each of batch_size equal slices of the total); w_i = (N P(i))^-beta / max_j w_j.
-    `fields`: one transition's tensors (shape and dtype of each field)."""
+    """Ape-X's central replay: a ring of `capacity` transitions (FIFO eviction), trees over their
+    p_i^alpha. Sampling is stratified (one draw in each of batch_size equal slices of the total);
+    w_i = (N P(i))^-beta / max_j w_j, the largest weight being that of the replay's least priority
+    (Schaul et al.). `fields`: one transition's tensors (shape and dtype of each field)."""
 
     def __init__(self, capacity: int, fields: dict, alpha: float, eps: float, device):
-        self.capacity, self.alpha, self.eps, self.pos, self.size = capacity, alpha, eps, 0, 0
+        self.capacity = capacity
+        self.alpha = alpha
+        self.eps = eps
+        self.pos = 0
+        self.size = 0
         self.tree = SumTree(capacity)
-        self.data = {k: torch.zeros((capacity,) + v.shape, dtype=v.dtype) for k, v in fields.items()}
+        self.data = {key: torch.zeros((capacity,) + value.shape, dtype=value.dtype) for key, value in fields.items()}
         self.device = device
 
     def nbytes(self) -> int:
-        return sum(v.numel() * v.element_size() for v in self.data.values()) + self.tree.sum.nbytes + self.tree.min.nbytes
+        data = sum(value.numel() * value.element_size() for value in self.data.values())
+        return data + self.tree.sum.nbytes + self.tree.min.nbytes
 
-    def add(self, transitions: dict, abs_td: torch.Tensor) -> None:
-        k = abs_td.shape[0]
-        if k == 0:  # a block whose windows all start on reset steps
+    def add(self, items: dict, abs_td: torch.Tensor) -> None:
+        count = abs_td.shape[0]
+        # a block whose windows all start on reset steps
+        if count == 0:
             return
-        idx = (self.pos + np.arange(k)) % self.capacity
-        t = torch.from_numpy(idx)
+        indices = (self.pos + np.arange(count)) % self.capacity
+        rows = torch.from_numpy(indices)
         for key, value in self.data.items():
-            value[t] = transitions[key]
-        self.tree.update(idx, (abs_td.double().numpy() + self.eps) ** self.alpha)
-        self.pos, self.size = (self.pos + k) % self.capacity, min(self.size + k, self.capacity)
+            value[rows] = items[key]
+        self.tree.update(indices, (abs_td.double().numpy() + self.eps) ** self.alpha)
+        self.pos = (self.pos + count) % self.capacity
+        self.size = min(self.size + count, self.capacity)
 
     def sample(self, batch_size: int, beta: float, rng: np.random.Generator):
         total = self.tree.total()
         values = (np.arange(batch_size) + rng.random(batch_size)) * (total / batch_size)
-        idx = np.minimum(self.tree.find(np.minimum(values, np.nextafter(total, 0))), self.size - 1)
-        weights = (self.tree.sum[idx + self.tree.size] / self.tree.min[1]) ** (-beta)
-        t = torch.from_numpy(idx)
-        batch = {key: value[t].to(self.device, non_blocking=True) for key, value in self.data.items()}
-        return idx, batch, torch.as_tensor(weights, dtype=torch.float32, device=self.device)
+        indices = np.minimum(self.tree.find(np.minimum(values, np.nextafter(total, 0))), self.size - 1)
+        weights = (self.tree.sum[indices + self.tree.size] / self.tree.min[1]) ** (-beta)
+        rows = torch.from_numpy(indices)
+        batch = {key: value[rows].to(self.device, non_blocking=True) for key, value in self.data.items()}
+        return indices, batch, torch.as_tensor(weights, dtype=torch.float32, device=self.device)
 
-    def update_priorities(self, idx: np.ndarray, abs_td: torch.Tensor) -> None:
-        self.tree.update(idx, (abs_td.double().cpu().numpy() + self.eps) ** self.alpha)
-
-
-def adam_step(params, grad: torch.Tensor, state: dict, lr: float, betas=(0.9, 0.999), eps: float = 1e-5) -> None:
-    """Adam on the flat gradient, bitwise torch.optim.Adam (tested); written out because constructing a torch.optim
-    optimizer imports torch._dynamo (over a second of start-up)."""
-    b1, b2 = betas
-    state["step"] += 1
-    state["m"].lerp_(grad, 1 - b1)
-    state["v"].mul_(b2).addcmul_(grad, grad, value=1 - b2)
-    denom = (state["v"].sqrt() / math.sqrt(1 - b2 ** state["step"])).add_(eps)
-    apply_update(params, (lr / (1 - b1 ** state["step"])) * state["m"] / denom)
+    def update_priorities(self, indices: np.ndarray, abs_td: torch.Tensor) -> None:
+        self.tree.update(indices, (abs_td.double().cpu().numpy() + self.eps) ** self.alpha)
 
 
-def apply_update(params, update: torch.Tensor) -> None:
-    with torch.no_grad():
-        offset = 0
-        for p in params:
-            p.sub_(update[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
-
-
-def optimizer_init(params) -> dict:
-    n = sum(p.numel() for p in params)
-    return {"step": 0, "m": torch.zeros(n, device=params[0].device), "v": torch.zeros(n, device=params[0].device)}
-
-
-def clip_grad(grad: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """Scale the flat gradient to a global norm of at most max_norm (as torch.nn.utils.clip_grad_norm_)."""
-    return grad.mul_(torch.clamp(max_norm / (grad.norm() + 1e-6), max=1.0))
+def flatten_parameters(net: nn.Module) -> torch.Tensor:
+    """Make every parameter a view of one flat vector and every gradient a view of `flat.grad`
+    (backward adds into them in place), so the clip and torch's Adam each act on one tensor. Call it
+    after moving `net` to its device."""
+    params = list(net.parameters())
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    flat.grad = torch.zeros_like(flat)
+    offset = 0
+    for p in params:
+        p.data = flat[offset : offset + p.numel()].view_as(p)
+        p.grad = flat.grad[offset : offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return flat
 
 
 # ----------------------------------------------------------------------------------------------- roles
@@ -367,21 +417,33 @@ TRANSITION_KEYS = ("obs", "next_obs", "actions", "returns", "discounts")
 
 
 def block_buffers(args: Args, spec, num_buffers: int, shared: bool = True) -> dict:
-    """Preallocated blocks [K, ...]: per transition (T x N) x, action, n-step return, discount, x', the actor's |delta|,
-    valid (0 where a window starts on envpool's reset step); per step collected (an actor's first block has n - 1
-    more) the return and length of an episode that ended there (NaN elsewhere); version, actor, sequence."""
-    T, N, L, shape = args.block_length, args.num_envs, args.block_length + args.n_step - 1, obs_shape(args, spec)
+    """Preallocated blocks [K, ...]: per transition (T x N) x, action, n-step return, discount, x',
+    the actor's |delta|, valid (0 where a window starts on envpool's reset step); per step collected
+    (an actor's first block has n - 1 more) the return and length of an episode that ended there
+    (NaN elsewhere); version, actor, sequence."""
+    transitions = args.block_length * args.num_envs
+    steps = args.block_length + args.n_step - 1
+    shape = obs_shape(args, spec)
     dtype = torch.uint8 if len(shape) == 3 else torch.float32
-    b = {k: torch.zeros((num_buffers, T * N) + shape, dtype=dtype) for k in ("obs", "next_obs")}
-    b.update({k: torch.zeros((num_buffers, T * N)) for k in ("returns", "discounts", "priorities", "valid")})
-    b.update(actions=torch.zeros((num_buffers, T * N), dtype=torch.long), ep_return=torch.zeros((num_buffers, L, N)),
-             ep_length=torch.zeros((num_buffers, L, N)), meta=torch.zeros((num_buffers, 3), dtype=torch.long))
-    return {k: v.share_memory_() for k, v in b.items()} if shared else b
+    buffers = {key: torch.zeros((num_buffers, transitions) + shape, dtype=dtype) for key in ("obs", "next_obs")}
+    for key in ("returns", "discounts", "priorities", "valid"):
+        buffers[key] = torch.zeros((num_buffers, transitions))
+    buffers["actions"] = torch.zeros((num_buffers, transitions), dtype=torch.long)
+    buffers["ep_return"] = torch.zeros((num_buffers, steps, args.num_envs))
+    buffers["ep_length"] = torch.zeros((num_buffers, steps, args.num_envs))
+    buffers["meta"] = torch.zeros((num_buffers, 3), dtype=torch.long)
+    return {key: value.share_memory_() for key, value in buffers.items()} if shared else buffers
 
 
 class ParameterStore:
-    """The learner's parameters in shared memory, double-buffered (version v in slot v % 2); a sequence counter per
-    slot (odd while written) lets actors copy without a lock, so an actor killed mid-copy blocks no one."""
+    """The learner's parameters in shared memory, double-buffered (version v in slot v % 2); a
+    sequence counter per slot (odd while written) lets actors copy without a lock, so an actor
+    killed mid-copy blocks no one.
+
+    The lock-free protocol relies on x86's memory ordering (stores become visible in program order,
+    loads are not reordered with other loads): a reader that sees the counter even and unchanged
+    around its copy saw the whole slot. On weakly ordered CPUs (ARM, POWER) it would need memory
+    fences or a lock; no such machine was tested."""
 
     def __init__(self, num_params: int):
         self.slots = torch.zeros(2, num_params).share_memory_()
@@ -390,30 +452,31 @@ class ParameterStore:
         self.version = torch.full((1,), -1, dtype=torch.long).share_memory_()
 
     def publish(self, flat: torch.Tensor, version: int) -> None:
-        s = version % 2
-        self.seq[s] += 1
-        self.slots[s].copy_(flat)
-        self.slot_version[s] = version
-        self.seq[s] += 1
+        slot = version % 2
+        self.seq[slot] += 1
+        self.slots[slot].copy_(flat)
+        self.slot_version[slot] = version
+        self.seq[slot] += 1
         self.version[0] = version
 
     def read(self, out: torch.Tensor, version: Optional[int] = None, give_up=lambda: False) -> int:
-        """Copy version `version` (None: the latest) into out; waits until it is published (-1 if give_up())."""
+        """Copy version `version` (None: the latest) into out; waits until it is published (-1 if
+        give_up())."""
         while True:
-            v = int(self.version[0]) if version is None else version
-            if v < 0 or int(self.version[0]) < v:
+            wanted = int(self.version[0]) if version is None else version
+            if wanted < 0 or int(self.version[0]) < wanted:
                 if give_up():
                     return -1
                 time.sleep(0.0005)
                 continue
-            s = v % 2
-            before = int(self.seq[s])
-            if before % 2 == 0 and int(self.slot_version[s]) == v:
-                out.copy_(self.slots[s])
-                if int(self.seq[s]) == before:
-                    return v
-            if version is not None and int(self.version[0]) > v + 1:
-                raise RuntimeError(f"parameter version {v} was overwritten before it was read")
+            slot = wanted % 2
+            before = int(self.seq[slot])
+            if before % 2 == 0 and int(self.slot_version[slot]) == wanted:
+                out.copy_(self.slots[slot])
+                if int(self.seq[slot]) == before:
+                    return wanted
+            if version is not None and int(self.version[0]) > wanted + 1:
+                raise RuntimeError(f"parameter version {wanted} was overwritten before it was read")
 
 
 def flat_params(net: nn.Module) -> torch.Tensor:
@@ -425,33 +488,55 @@ def load_flat(net: nn.Module, flat: torch.Tensor) -> None:
 
 
 class LocalLink:
-    """A local actor's way to the learner: shared block buffers, index queues, the parameter store."""
+    """A local actor's way to the learner: shared block buffers, index queues, the parameter
+    store."""
 
     def __init__(self, buffers: dict, store: ParameterStore, free_q, full_q):
-        self.buffers, self.store, self.free_q, self.full_q, self.k = buffers, store, free_q, full_q, None
-        self.send, self.latest, self.params = lambda: full_q.put(self.k), lambda: int(store.version[0]), store.read
+        self.buffers = buffers
+        self.store = store
+        self.free_q = free_q
+        self.full_q = full_q
+        self.index = None
 
-    def block(self) -> dict:  # a free buffer to fill (waits for one: the backpressure of the rate limit)
-        self.k = self.free_q.get()
-        return {key: value[self.k] for key, value in self.buffers.items()}
+    def block(self) -> dict:
+        """A free buffer to fill (waits for one: the backpressure of the rate limit)."""
+        self.index = self.free_q.get()
+        return {key: value[self.index] for key, value in self.buffers.items()}
+
+    def send(self) -> None:
+        self.full_q.put(self.index)
+
+    def latest(self) -> int:
+        return int(self.store.version[0])
+
+    def params(self, out: torch.Tensor, version: Optional[int] = None) -> int:
+        return self.store.read(out, version)
 
 
 class RemoteLink:
-    """A remote actor's (rank > 0) way to the learner: its block goes to rank 0 through torch.distributed (a gloo
-    pair group); rank 0's bridge answers with [version] and parameters: those of the version the deterministic
-    schedule asks for, else the latest; version -1 means stop."""
+    """A remote actor's (rank > 0) way to the learner: its block goes to rank 0 through
+    torch.distributed (a gloo pair group); rank 0's bridge answers with [version] and parameters:
+    those of the version the deterministic schedule asks for, else the latest; version -1 means
+    stop."""
 
     def __init__(self, args: Args, spec, group, num_params: int):
-        self.buf = {k: v[0] for k, v in block_buffers(args, spec, 1, shared=False).items()}
-        self.group, self.version, self.flat = group, torch.zeros(1, dtype=torch.long), torch.zeros(num_params)
-        self.block, self.latest = lambda: self.buf, lambda: int(self.version[0])
+        self.buffer = {key: value[0] for key, value in block_buffers(args, spec, 1, shared=False).items()}
+        self.group = group
+        self.version = torch.zeros(1, dtype=torch.long)
+        self.flat = torch.zeros(num_params)
         self.send(receive_only=True)
 
+    def block(self) -> dict:
+        return self.buffer
+
     def send(self, receive_only: bool = False) -> None:
-        for key in [] if receive_only else sorted(self.buf):
-            dist.send(self.buf[key], 0, group=self.group)
+        for key in [] if receive_only else sorted(self.buffer):
+            dist.send(self.buffer[key], 0, group=self.group)
         dist.recv(self.version, 0, group=self.group)
         dist.recv(self.flat, 0, group=self.group)
+
+    def latest(self) -> int:
+        return int(self.version[0])
 
     def params(self, out: torch.Tensor, version: Optional[int] = None) -> int:
         out.copy_(self.flat)
@@ -459,29 +544,45 @@ class RemoteLink:
 
 
 def actor_loop(actor: int, args: Args, spec, link, local: bool = True) -> None:
-    """One actor: step an envpool batch, env j epsilon_i-greedy (i = actor * num_envs + j) with a local Q-network;
-    send blocks of block_length windows' n-step transitions with their initial priorities |delta| (local network).
-    Parameters: the latest every actor_update_interval steps (remote: with each block's reply); deterministic
-    mode: block s uses version max(s - 1, 0), published once the learner has taken round s - 2."""
-    if local:  # die with the learner, whatever kills it (PR_SET_PDEATHSIG); the learner turns signals into a checkpoint
+    """One actor: step an envpool batch, env j epsilon_i-greedy (i = actor * num_envs + j) with a
+    local Q-network; send blocks of block_length windows' n-step transitions with their initial
+    priorities |delta| (local network). Parameters: the latest every actor_update_interval steps
+    (remote: with each block's reply); deterministic mode: block s uses version max(s - 1, 0),
+    published once the learner has taken round s - 2."""
+    if local:
+        # die with the learner, whatever kills it (PR_SET_PDEATHSIG);
+        # the learner turns signals into a checkpoint
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, signal.SIG_IGN)
+    for signal_number in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signal_number, signal.SIG_IGN)
     torch.set_num_threads(1)
-    T, n, N, A = args.block_length, args.n_step, args.num_envs, spec.action_space.n
-    L = T + n - 1
+    num_envs = args.num_envs
+    num_actions = spec.action_space.n
+    windows = args.block_length
+    # the steps a block's windows reach: block_length starts, each followed by up to n - 1 steps
+    window_steps = args.block_length + args.n_step - 1
     seed = env_seed(args, actor)
-    envs, rng = make_env(args.env_id, N, seed, args.env_threads or 1), np.random.default_rng(seed)
-    eps = epsilons(args.epsilon, args.epsilon_alpha, args.total_actors * N)[actor * N:(actor + 1) * N]
-    net = QNetwork(obs_shape(args, spec), A, args.network, args.hidden_size)
+    envs = make_env(args.env_id, num_envs, seed, args.env_threads or 1)
+    rng = np.random.default_rng(seed)
+    epsilon = epsilons(args.epsilon, args.epsilon_alpha, args.total_actors * num_envs)
+    epsilon = epsilon[actor * num_envs : (actor + 1) * num_envs]
+    net = make_network(args, spec)
     flat = flat_params(net)
     obs = observe(envs.reset()[0], args.mask_velocity)
-    hist = {"obs": np.zeros((L + 1,) + obs.shape, dtype=obs.dtype), "actions": np.zeros((L, N), dtype=np.int64),
-            "rewards": np.zeros((L, N)), "terms": np.zeros((L, N)), "dones": np.zeros((L, N)), "valid": np.zeros((L, N))}
-    valid, fill = np.ones(N), 0  # valid: 0 while x_t is a final observation (envpool's reset step comes next)
-    ep_return, ep_length, prev_done = np.zeros(N), np.zeros(N), np.zeros(N, dtype=bool)
-    loaded, sequence, since = -1, 0, 0
+    history = {"obs": np.zeros((window_steps + 1,) + obs.shape, dtype=obs.dtype)}
+    for key in ("rewards", "terms", "dones", "valid"):
+        history[key] = np.zeros((window_steps, num_envs))
+    history["actions"] = np.zeros((window_steps, num_envs), dtype=np.int64)
+    # valid: 0 while x_t is a final observation (envpool's reset step comes next)
+    valid = np.ones(num_envs)
+    filled = 0
+    episode_return = np.zeros(num_envs)
+    episode_length = np.zeros(num_envs)
+    prev_done = np.zeros(num_envs, dtype=bool)
+    loaded = -1
+    sequence = 0
+    since_refresh = 0
     while True:
         if args.deterministic:
             wanted = max(sequence - 1, 0)
@@ -494,54 +595,91 @@ def actor_loop(actor: int, args: Args, spec, link, local: bool = True) -> None:
         if not local and link.latest() < 0:
             return
         block["ep_return"].fill_(float("nan"))
-        for j in range(L - fill):
-            if not args.deterministic and (loaded < 0 or since >= args.actor_update_interval) and link.latest() != loaded:
-                loaded, since = link.params(flat), 0
+        for step in range(window_steps - filled):
+            due = loaded < 0 or since_refresh >= args.actor_update_interval
+            if not args.deterministic and due and link.latest() != loaded:
+                loaded = link.params(flat)
+                since_refresh = 0
                 load_flat(net, flat)
-            since += 1
-            hist["obs"][fill] = obs
+            since_refresh += 1
+            history["obs"][filled] = obs
             with torch.no_grad():
                 greedy = net(torch.as_tensor(obs)).argmax(-1).numpy()
-            action = np.where(rng.random(N) < eps, rng.integers(A, size=N), greedy)
-            o, r, term, trunc, info = envs.step(action)
-            o, done = observe(o, args.mask_velocity), term | trunc
-            # Episode statistics (Atari: raw rewards and real game over); the reset step after an end adds nothing.
-            ep_return += info.get("reward", r) * ~prev_done
-            ep_length += ~prev_done
+            explore = rng.random(num_envs) < epsilon
+            action = np.where(explore, rng.integers(num_actions, size=num_envs), greedy)
+            next_obs, reward, term, trunc, info = envs.step(action)
+            next_obs = observe(next_obs, args.mask_velocity)
+            done = term | trunc
+            # Episode statistics (Atari: raw rewards and real game over);
+            # the reset step after an end adds nothing.
+            episode_return += info.get("reward", reward) * ~prev_done
+            episode_length += ~prev_done
             ended = (info["terminated"].astype(bool) | trunc) if "terminated" in info else done
-            block["ep_return"][j] = torch.as_tensor(np.where(ended, ep_return, np.nan))
-            block["ep_length"][j] = torch.as_tensor(ep_length)
-            ep_return[ended], ep_length[ended], prev_done = 0.0, 0, done
-            for key, value in (("actions", action), ("rewards", r), ("terms", term), ("dones", done), ("valid", valid)):
-                hist[key][fill] = value
-            obs, valid, fill = o, (~done).astype(np.float64), fill + 1
-        hist["obs"][L] = obs
-        G, disc, boot = n_step_targets(hist["rewards"], hist["terms"], hist["dones"], args.gamma, n)
-        x, x_next = hist["obs"][:T], hist["obs"][boot, np.arange(N)]
-        out = {"obs": x, "next_obs": x_next, "actions": hist["actions"][:T], "returns": G, "discounts": disc}
-        out = {k: torch.as_tensor(v).reshape((T * N,) + v.shape[2:]) for k, v in out.items()}
-        with torch.no_grad():  # initial priorities, from the actor's own network (online and target alike)
-            delta, _ = td_errors(net, net, out["obs"], out["actions"], out["returns"].float(), out["discounts"].float(),
-                                 out["next_obs"])
-        for k, v in out.items():
-            block[k].copy_(v)
+            block["ep_return"][step] = torch.as_tensor(np.where(ended, episode_return, np.nan))
+            block["ep_length"][step] = torch.as_tensor(episode_length)
+            episode_return[ended] = 0.0
+            episode_length[ended] = 0
+            prev_done = done
+            history["actions"][filled] = action
+            history["rewards"][filled] = reward
+            history["terms"][filled] = term
+            history["dones"][filled] = done
+            history["valid"][filled] = valid
+            obs = next_obs
+            valid = (~done).astype(np.float64)
+            filled += 1
+        history["obs"][window_steps] = obs
+        G, discounts, boot = n_step_targets(
+            history["rewards"], history["terms"], history["dones"], args.gamma, args.n_step
+        )
+        transitions = {
+            "obs": history["obs"][:windows],
+            "next_obs": history["obs"][boot, np.arange(num_envs)],
+            "actions": history["actions"][:windows],
+            "returns": G,
+            "discounts": discounts,
+        }
+        transitions = {
+            key: torch.as_tensor(value).reshape((-1,) + value.shape[2:]) for key, value in transitions.items()
+        }
+        # initial priorities, from the actor's own network (online and target alike)
+        with torch.no_grad():
+            delta, _ = td_errors(
+                net,
+                net,
+                transitions["obs"],
+                transitions["actions"],
+                transitions["returns"].float(),
+                transitions["discounts"].float(),
+                transitions["next_obs"],
+            )
+        for key, value in transitions.items():
+            block[key].copy_(value)
         block["priorities"].copy_(delta.abs())
-        block["valid"].copy_(torch.as_tensor(hist["valid"][:T]).reshape(-1))
+        block["valid"].copy_(torch.as_tensor(history["valid"][:windows]).reshape(-1))
         block["meta"].copy_(torch.tensor([loaded, actor, sequence]))
         link.send()
         sequence += 1
-        for k in ("actions", "rewards", "terms", "dones", "valid"):  # the last n - 1 steps start the next windows
-            hist[k][:n - 1] = hist[k][T:]
-        hist["obs"][:n] = hist["obs"][T:]
-        fill = n - 1
+        # the last n - 1 steps start the next block's windows
+        for key in ("actions", "rewards", "terms", "dones", "valid"):
+            history[key][: args.n_step - 1] = history[key][windows:]
+        history["obs"][: args.n_step] = history["obs"][windows:]
+        filled = args.n_step - 1
 
 
-def remote_bridge(actor: int, peer: int, group, args: Args, buffers: dict, store: ParameterStore, free_q, full_q,
-                  control: dict) -> None:
-    """Rank 0's stand-in for the remote actor on rank `peer`: send it parameters, receive each of its blocks into a
-    free shared buffer and queue it like a local actor's, answer with the parameters for its next block (or stop)."""
-    flat, version, scratch = torch.zeros_like(store.slots[0]), torch.zeros(1, dtype=torch.long), None
-    stopped = lambda: control.get("stop", False)  # noqa: E731
+def remote_bridge(
+    actor: int, peer: int, group, args: Args, buffers: dict, store: ParameterStore, free_q, full_q, control: dict
+) -> None:
+    """Rank 0's stand-in for the remote actor on rank `peer`: send it parameters, receive each of
+    its blocks into a free shared buffer and queue it like a local actor's, answer with the
+    parameters for its next block (or stop)."""
+    flat = torch.zeros_like(store.slots[0])
+    version = torch.zeros(1, dtype=torch.long)
+    scratch = None
+
+    def stopped() -> bool:
+        return control.get("stop", False)
+
     try:
         sequence = 0
         while True:
@@ -551,19 +689,19 @@ def remote_bridge(actor: int, peer: int, group, args: Args, buffers: dict, store
             dist.send(flat, peer, group=group)
             if version[0] < 0:
                 return
-            k = None
-            while k is None and not stopped():
+            index = None
+            while index is None and not stopped():
                 try:
-                    k = free_q.get(timeout=0.2)
+                    index = free_q.get(timeout=0.2)
                 except queue.Empty:
                     pass
             # Stopping: take the block the actor is sending into a scratch copy, then answer "stop".
             scratch = scratch or {key: value[0].clone() for key, value in buffers.items()}
-            target = scratch if k is None else {key: value[k] for key, value in buffers.items()}
+            target = scratch if index is None else {key: value[index] for key, value in buffers.items()}
             for key in sorted(target):
                 dist.recv(target[key], peer, group=group)
-            if k is not None:
-                full_q.put(k)
+            if index is not None:
+                full_q.put(index)
             sequence += 1
     except Exception as e:  # noqa: BLE001 - any failure of the link ends the job
         control.setdefault("error", f"remote actor {actor} (rank {peer}): {e!r}")
@@ -573,43 +711,406 @@ class ActorDied(RuntimeError):
     """An actor (or the link to a remote one) is gone: the job ends non-zero."""
 
 
+def start_actors(args: Args, spec, groups: dict, buffers: dict, store: ParameterStore, control: dict):
+    """Fork the local actors over the shared buffers (all free at first) and start one bridge thread
+    per remote rank. Returns (actor processes, bridge threads, free queue, full queue)."""
+    context = mp.get_context("fork")
+    free_q = context.Queue(maxsize=args.num_buffers)
+    full_q = context.Queue(maxsize=args.num_buffers)
+    for index in range(args.num_buffers):
+        free_q.put(index)
+    link = LocalLink(buffers, store, free_q, full_q)
+    actors = [
+        context.Process(target=actor_loop, args=(actor, args, spec, link), daemon=True)
+        for actor in range(args.num_actors)
+    ]
+    for process in actors:
+        process.start()
+    bridges = []
+    for rank in range(1, args.world_size):
+        bridge_args = (args.num_actors + rank - 1, rank, groups[rank], args, buffers, store, free_q, full_q, control)
+        bridges.append(threading.Thread(target=remote_bridge, args=bridge_args, daemon=True))
+    for bridge in bridges:
+        bridge.start()
+    return actors, bridges, free_q, full_q
+
+
+def stop_actors(actors: list, control: dict) -> None:
+    control["stop"] = True
+    for process in actors:
+        process.kill()
+    for process in actors:
+        process.join()
+
+
+def next_block(args: Args, actors: list, control: dict, buffers: dict, full_q, pending: dict, expected: tuple) -> int:
+    """A filled buffer's index, watching the actors. Deterministic: block `expected` = (sequence,
+    actor) only."""
+    while True:
+        if args.deterministic and expected in pending:
+            return pending.pop(expected)
+        try:
+            index = full_q.get(timeout=0.5)
+        except queue.Empty:
+            index = None
+        # checked at every block: the other actors may keep the queue busy
+        for actor, process in enumerate(actors):
+            if process.exitcode is not None:
+                raise ActorDied(f"actor {actor} (pid {process.pid}) exited with code {process.exitcode}")
+        if "error" in control:
+            raise ActorDied(control["error"])
+        if index is not None and not args.deterministic:
+            return index
+        if index is not None:
+            _, actor, sequence = buffers["meta"][index].tolist()
+            pending[(sequence, actor)] = index
+
+
+def take_block(args: Args, buffers: dict, index: int, replay, free_q, epsilon, progress: dict, stats: dict) -> list:
+    """The block intake: the block's valid transitions into the replay with their priorities, its
+    buffer back to the actors, its steps counted, its policy lag noted. Returns its ended episodes
+    as (return, length, epsilon_i)."""
+    insert_start = time.time()
+    version, actor, _ = buffers["meta"][index].tolist()
+    valid = buffers["valid"][index] > 0
+    items = {key: buffers[key][index][valid] for key in TRANSITION_KEYS}
+    replay.add(items, buffers["priorities"][index][valid])
+    stats["insert_s"] += time.time() - insert_start
+    stats["inserted"] += int(valid.sum())
+    episode_return = buffers["ep_return"][index].clone()
+    episode_length = buffers["ep_length"][index].clone()
+    free_q.put(index)
+    stats["blocks"] += 1
+    progress["global_step"] += args.block_length * args.num_envs
+    # a version no longer listed is older than any listed one: the lag is at least the oldest's
+    versions = stats["versions"]
+    stats["lags"].append(progress["update"] - versions.get(version, min(versions.values())))
+    ended = ~torch.isnan(episode_return)
+    episode_epsilon = epsilon[actor].expand_as(ended)[ended].tolist()
+    return list(zip(episode_return[ended].tolist(), episode_length[ended].tolist(), episode_epsilon, strict=True))
+
+
+def updates_due(args: Args, progress: dict, replay, segment_start: dict) -> bool:
+    """The rate limit: one learner update per steps_per_update environment steps after
+    learning_starts (both counted from the start of this run segment, whose replay starts empty)."""
+    steps = progress["global_step"] - segment_start["global_step"] - args.learning_starts
+    updates = progress["update"] - segment_start["update"]
+    return steps >= 0 and replay.size > 0 and updates < steps / args.steps_per_update
+
+
+def learner_step(args: Args, q_net, target_net, optimizer, flat, replay, rng, progress: dict, stats: dict) -> None:
+    """One learner update: a prioritized batch (beta annealed linearly to 1), the weighted double-Q
+    Huber loss, the gradient clipped to max_grad_norm, Adam (learning rate annealed linearly to 0),
+    the batch's new priorities; every target_network_frequency updates the target network copies the
+    online one."""
+    sample_start = time.time()
+    beta = args.beta + (1.0 - args.beta) * min(1.0, progress["global_step"] / args.total_timesteps)
+    indices, batch, weights = replay.sample(args.batch_size, beta, rng)
+    learn_start = time.time()
+    loss, abs_td = apex_loss(q_net, target_net, batch, weights)
+    # zeroed in place: the parameters' gradients are views of flat.grad
+    optimizer.zero_grad(set_to_none=False)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([flat], args.max_grad_norm)
+    # the last block may pass total_timesteps
+    fraction = max(0.0, 1.0 - progress["global_step"] / args.total_timesteps)
+    optimizer.param_groups[0]["lr"] = args.learning_rate * fraction if args.anneal_lr else args.learning_rate
+    optimizer.step()
+    learn_end = time.time()
+    replay.update_priorities(indices, abs_td)
+    progress["update"] += 1
+    stats["sample_s"] += (learn_start - sample_start) + (time.time() - learn_end)
+    stats["sampled"] += args.batch_size
+    stats["learn_s"] += learn_end - learn_start
+    stats["losses"] = torch.stack([loss.detach(), abs_td.mean()])
+    if progress["update"] % args.target_network_frequency == 0:
+        target_net.load_state_dict(q_net.state_dict())
+
+
+def publish(args: Args, q_net, store: ParameterStore, progress: dict, stats: dict) -> None:
+    """Parameters for the actors: after every block (deterministic mode: after every round of
+    blocks)."""
+    blocks = stats["blocks"]
+    if args.deterministic and blocks % args.total_actors != 0:
+        return
+    version = blocks // args.total_actors if args.deterministic else blocks
+    store.publish(flat_params(q_net), version)
+    stats["versions"][version] = progress["update"]
+    # no actor holds parameters that old
+    stats["versions"].pop(version - 100 * args.num_buffers, None)
+
+
 def evaluate(net: QNetwork, env_id: str, episodes: int, seed: int, device, mask_velocity: bool = False):
-    """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short episodes)."""
-    envs = make_env(env_id, episodes, seed, **(dict(episodic_life=False, reward_clip=False) if net.image else {}))
+    """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short
+    episodes)."""
+    options = dict(episodic_life=False, reward_clip=False) if net.image else {}
+    envs = make_env(env_id, episodes, seed, **options)
     obs, _ = envs.reset()
-    returns, done = np.zeros(episodes), np.zeros(episodes, dtype=bool)
+    returns = np.zeros(episodes)
+    done = np.zeros(episodes, dtype=bool)
     while not done.all():
         with torch.no_grad():
             action = net(torch.as_tensor(observe(obs, mask_velocity), device=device)).argmax(-1).cpu().numpy()
-        obs, r, term, trunc, info = envs.step(action)
-        returns += info.get("reward", r) * ~done
+        obs, reward, term, trunc, info = envs.step(action)
+        returns += info.get("reward", reward) * ~done
         done |= (info["terminated"].astype(bool) if "terminated" in info else term) | trunc
     envs.close()
     return returns
 
 
-def save_checkpoint(path: str, payload: dict) -> None:  # atomic: a temporary file beside the target, renamed over it
-    tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+# ----------------------------------------------------------------------------------------------- bookkeeping
+def process_start_time() -> float:
+    """When this process started (Linux /proc), so that startup_s also counts the imports."""
+    with open("/proc/self/stat") as stat:
+        start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as uptime:
+        uptime_s = float(uptime.read().split()[0])
+    return time.time() - uptime_s + start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def new_progress() -> dict:
+    """Everything a resumed run continues from; every time in it is a whole-run figure
+    (docs/conventions.md §1a). The file adds `segment`: the run segment (0, then one more per
+    resume), which seeds the actors' envs."""
+    return {
+        "update": 0,
+        "global_step": 0,
+        "startup_s": 0.0,
+        "train_time_s": 0.0,
+        "wall_time_s": 0.0,
+        "time_to_threshold_s": None,
+        "threshold_step": None,
+        "recent_returns": deque(maxlen=20),
+        "segment": 0,
+    }
+
+
+def new_stats(progress: dict) -> dict:
+    """This segment's learner counters: blocks taken, published versions (version -> learner updates
+    behind it, for the policy lag), lags, replay insert and sample work, learner compute, the last
+    batch's losses."""
+    return {
+        "blocks": 0,
+        "versions": {0: progress["update"]},
+        "lags": [],
+        "insert_s": 1e-9,
+        "inserted": 0,
+        "sample_s": 1e-9,
+        "sampled": 0,
+        "learn_s": 1e-9,
+        "losses": torch.zeros(2),
+    }
+
+
+def start_clock(progress: dict) -> float:
+    """Training starts now: add this segment's start-up (process start to now) to the whole-run times."""
+    now = time.time()
+    startup = now - process_start_time()
+    progress["startup_s"] += startup
+    progress["wall_time_s"] += startup
+    return now
+
+
+def advance_clock(progress: dict, since: float, training: bool = True) -> float:
+    """Add the time since `since` to the whole-run wall time (and training time); returns now."""
+    now = time.time()
+    progress["wall_time_s"] += now - since
+    if training:
+        progress["train_time_s"] += now - since
+    return now
+
+
+def record_returns(progress: dict, returns: list, threshold) -> None:
+    """Finished training episodes; the first time the last-20 mean reaches the threshold is kept."""
+    for episode_return in returns:
+        progress["recent_returns"].append(episode_return)
+        recent = progress["recent_returns"]
+        reached = threshold is not None and len(recent) == recent.maxlen and np.mean(recent) >= threshold
+        if reached and progress["time_to_threshold_s"] is None:
+            progress["time_to_threshold_s"] = progress["train_time_s"]
+            progress["threshold_step"] = progress["global_step"]
+
+
+def log_update(writer, progress: dict, finished: list, scalars: dict) -> None:
+    """TensorBoard points of one iteration: its finished episodes, then the named scalars. This
+    file's episodes come as (return, length, epsilon_i): each env explores at its own rate, which is
+    logged with the episode."""
+    step = progress["global_step"]
+    for episode_return, episode_length, episode_epsilon in finished:
+        writer.add_scalar("charts/episodic_return", episode_return, step)
+        writer.add_scalar("charts/episodic_length", episode_length, step)
+        writer.add_scalar("charts/epsilon", episode_epsilon, step)
+    for key, value in scalars.items():
+        writer.add_scalar(key, value, step)
+
+
+def learner_scalars(progress: dict, stats: dict, optimizer, replay, full_q) -> dict:
+    train_time = max(progress["train_time_s"], 1e-9)
+    return {
+        "charts/SPS": progress["global_step"] / train_time,
+        "charts/policy_lag": stats["lags"][-1],
+        "charts/learning_rate": optimizer.param_groups[0]["lr"],
+        "losses/td_loss": stats["losses"][0].item(),
+        "losses/abs_td_error": stats["losses"][1].item(),
+        "stats/replay_size": replay.size,
+        "stats/replay_inserts_per_s": stats["inserted"] / stats["insert_s"],
+        "stats/replay_samples_per_s": stats["sampled"] / stats["sample_s"],
+        "stats/learner_updates_per_s": progress["update"] / train_time,
+        "stats/full_queue": full_q.qsize(),
+    }
+
+
+def print_progress(progress: dict, total_timesteps: int, last_print: float) -> float:
+    """A progress line at most every 2 s (and at the end); returns when one was last printed. The
+    loop runs to total_timesteps (its learner updates follow the rate limit), so the line counts
+    steps."""
+    now = time.time()
+    if now - last_print < 2.0 and progress["global_step"] < total_timesteps:
+        return last_print
+    recent = progress["recent_returns"]
+    mean_return = f"{np.mean(recent):.1f}" if recent else "n/a"
+    sps = progress["global_step"] / max(progress["train_time_s"], 1e-9)
+    print(
+        f"update {progress['update']} global_step={progress['global_step']}/{total_timesteps} SPS={sps:.0f} "
+        f"return(last {len(recent)})={mean_return}",
+        flush=True,
+    )
+    return now
+
+
+def save_checkpoint(path: str, payload: dict) -> None:
+    """Atomic: write a temporary file beside the target, then rename it over the target."""
+    payload = {**payload, "recent_returns": list(payload["recent_returns"])}
+    temporary = f"{path}.tmp{os.getpid()}"
+    torch.save(payload, temporary)
+    os.replace(temporary, path)
+
+
+def restore(args, model, optimizer, device, checkpoint_path: str, target_net) -> dict:
+    """A fresh progress dict, or with --resume and a checkpoint, the checkpoint's, with the model,
+    the target network and the optimizer loaded in place; a resumed run is the next run segment.
+    (Rank 0 only: the other ranks are actors, which take their parameters from the learner.)"""
+    progress = new_progress()
+    if not (args.resume and os.path.exists(checkpoint_path)):
+        target_net.load_state_dict(model.state_dict())
+        return progress
+    checkpoint = torch.load(checkpoint_path, map_location=device, weights_only=True)
+    model.load_state_dict(checkpoint.pop("model"))
+    target_net.load_state_dict(checkpoint.pop("target"))
+    optimizer.load_state_dict(checkpoint.pop("optimizer"))
+    recent_returns = checkpoint.pop("recent_returns")
+    progress.update(checkpoint)
+    progress["recent_returns"].extend(recent_returns)
+    progress["segment"] += 1
+    return progress
+
+
+def install_stop_handlers() -> dict:
+    """SIGTERM and SIGUSR1 (SLURM preemption) ask for a checkpoint at the end of the current update."""
+    stop = {"signal": 0}
+    for signal_number in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signal_number, lambda signum, frame: stop.update(signal=signum))
+    return stop
+
+
+def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
+    """TensorBoard (and wandb with --track); after a resume, points past the checkpoint's step are
+    dropped."""
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=asdict(args),
+            name=args.run_name,
+            id=args.run_name,
+            resume="allow",
+        )
+    writer = SummaryWriter(run_dir, purge_step=progress["global_step"] if progress["segment"] else None)
+    table = "\n".join(f"|{key}|{value}|" for key, value in asdict(args).items())
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+    return writer
+
+
+def close_writer(args: Args, writer: SummaryWriter) -> None:
+    writer.close()
+    if args.track:
+        import wandb
+
+        wandb.finish()
+
+
+def write_summary(args, q_net, writer, progress: dict, clock: float, device, run_dir: str, stats: dict, replay):
+    """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with
+    --save-model, the weights."""
+    eval_returns = evaluate(q_net, args.env_id, args.eval_episodes, args.seed + 10**6, device, args.mask_velocity)
+    for episode, episode_return in enumerate(eval_returns):
+        writer.add_scalar("eval/episodic_return", episode_return, episode)
+    # the evaluation counts in wall time only
+    advance_clock(progress, clock, training=False)
+    recent = progress["recent_returns"]
+    summary = {
+        "algo": "apex",
+        "env_id": args.env_id,
+        "mask_velocity": args.mask_velocity,
+        "seed": args.seed,
+        "world_size": args.world_size,
+        "num_actors": args.num_actors,
+        "total_actors": args.total_actors,
+        "deterministic": args.deterministic,
+        "global_step": progress["global_step"],
+        "learner_updates": progress["update"],
+        "wall_time_s": progress["wall_time_s"],
+        "startup_s": progress["startup_s"],
+        "train_time_s": progress["train_time_s"],
+        "sps": progress["global_step"] / progress["train_time_s"],
+        "eval_return_mean": float(np.mean(eval_returns)),
+        "eval_return_std": float(np.std(eval_returns)),
+        "reward_threshold": envpool.make_spec(args.env_id).reward_threshold,
+        "train_return_last20": float(np.mean(recent)) if recent else None,
+        "threshold_step": progress["threshold_step"],
+        "time_to_threshold_s": progress["time_to_threshold_s"],
+        "policy_lag_mean": float(np.mean(stats["lags"])) if stats["lags"] else None,
+        "replay_inserts_per_s": stats["inserted"] / stats["insert_s"],
+        "replay_samples_per_s": stats["sampled"] / stats["sample_s"],
+        "learner_updates_per_s": progress["update"] / progress["train_time_s"],
+        "learner_compute_s": stats["learn_s"],
+        "replay_bytes": replay.nbytes(),
+        "replay_bytes_per_transition": replay.nbytes() / args.buffer_size,
+        "params_sha256": hashlib.sha256(flat_params(q_net).numpy().tobytes()).hexdigest(),
+    }
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    if args.save_model:
+        torch.save({key: value.cpu() for key, value in q_net.state_dict().items()}, os.path.join(run_dir, "model.pt"))
+    print(
+        f"eval return {summary['eval_return_mean']:.1f} +- {summary['eval_return_std']:.1f}; "
+        f"time to threshold: {summary['time_to_threshold_s']}; summary in {run_dir}/summary.json",
+        flush=True,
+    )
 
 
 def available_cpus() -> int:
-    """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not the machine's
-    core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE)."""
-    return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # Linux, as /proc
+    """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not
+    the machine's core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE)."""
+    return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def default_num_actors(args: Args) -> int:
-    """--num-actors 0: one actor per available CPU but one, which the learner needs more (at least one actor)."""
+    """--num-actors 0: one actor per available CPU but one, which the learner needs more (at least
+    one actor)."""
     return args.num_actors or max(1, available_cpus() - 1)
 
 
 def setup_distributed(args: Args):
-    """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE. Rank 0 hosts learner, replay and its actors; rank r > 0 is one
-    remote actor linked to rank 0 by a gloo pair group (CPU tensors). Alone: world size 1."""
+    """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE. Rank 0 hosts learner, replay and its actors; rank r
+    > 0 is one remote actor linked to rank 0 by a gloo pair group (CPU tensors). Alone: world size
+    1."""
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    args.rank, args.local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    args.rank = int(os.environ.get("RANK", "0"))
+    args.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = args.cuda and torch.cuda.is_available() and args.rank == 0
     device = torch.device(f"cuda:{args.local_rank}" if use_cuda else "cpu")
     if use_cuda:
@@ -617,239 +1118,136 @@ def setup_distributed(args: Args):
     groups = {}
     if args.world_size > 1:
         dist.init_process_group("gloo", init_method="env://")
-        groups = {r: dist.new_group([0, r]) for r in range(1, args.world_size)}  # every rank creates every group
+        # every rank creates every group
+        groups = {rank: dist.new_group([0, rank]) for rank in range(1, args.world_size)}
     return device, groups
 
 
+def agree_on_actors(args: Args, segment: int) -> None:
+    """Rank 0's run segment and actor count decide every actor's index, env seeds and epsilon_i:
+    broadcast them."""
+    shared = torch.tensor([segment, args.num_actors])
+    if args.world_size > 1:
+        dist.broadcast(shared, 0)
+    args.segment = int(shared[0])
+    args.num_actors = int(shared[1])
+    args.total_actors = args.num_actors + args.world_size - 1
+    args.num_buffers = args.num_buffers or 2 * args.total_actors + 2
+
+
+def finish_distributed(args: Args, exit_code: int, bridges: list) -> None:
+    if args.world_size == 1:
+        return
+    if exit_code:
+        # torchrun stops the remote actors
+        os._exit(exit_code)
+    for bridge in bridges:
+        bridge.join(timeout=30)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def main(args: Args) -> int:
-    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")  # envpool's spaces
+    # envpool's spaces warn that they cast their float64 bounds to float32
+    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
     validate(args)
     device, groups = setup_distributed(args)
-    rank, world = args.rank, args.world_size
     args.num_actors = default_num_actors(args)
     args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
-    run_dir, ckpt_path = os.path.join("runs", args.run_name), os.path.join("runs", args.run_name, "checkpoint.pt")
+    run_dir = os.path.join("runs", args.run_name)
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
     torch.set_num_threads(args.torch_threads or 1)
-    random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
     spec = envpool.make_spec(args.env_id)
-    A = spec.action_space.n
-    ckpt = torch.load(ckpt_path, map_location=device, weights_only=True) \
-        if args.resume and rank == 0 and os.path.exists(ckpt_path) else None
-    shared = torch.tensor([ckpt["segment"] + 1 if ckpt else 0, args.num_actors])
-    if world > 1:  # rank 0's segment and actor count decide every actor's index, env seeds and epsilon_i
-        dist.broadcast(shared, 0)
-    args.segment, args.num_actors = shared.tolist()
-    args.total_actors = args.num_actors + world - 1
-    num_buffers = args.num_buffers or 2 * args.total_actors + 2
-    num_params = sum(p.numel() for p in QNetwork(obs_shape(args, spec), A, args.network, args.hidden_size).parameters())
-    if rank > 0:  # a remote actor: its index follows the learner's local actors
-        actor_loop(args.num_actors + rank - 1, args, spec, RemoteLink(args, spec, groups[rank], num_params), local=False)
-        dist.barrier()
-        dist.destroy_process_group()
+    num_params = sum(p.numel() for p in make_network(args, spec).parameters())
+    if args.rank > 0:
+        # a remote actor: its index follows the learner's local actors
+        agree_on_actors(args, 0)
+        link = RemoteLink(args, spec, groups[args.rank], num_params)
+        actor_loop(args.num_actors + args.rank - 1, args, spec, link, local=False)
+        finish_distributed(args, 0, [])
         return 0
-    if device.type == "cuda":  # CPU ops used here are deterministic already; this call costs ~1 s of imports
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS refuses deterministic mode without it
+    if device.type == "cuda":
+        # cuBLAS refuses deterministic mode without it
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(args.torch_deterministic)
         torch.backends.cudnn.deterministic = args.torch_deterministic
+    threshold = spec.reward_threshold
+    q_net = make_network(args, spec).to(device)
+    target_net = make_network(args, spec).to(device)
+    flat = flatten_parameters(q_net)
+    optimizer = torch.optim.Adam([flat], lr=args.learning_rate, eps=args.adam_eps)
+    progress = restore(args, q_net, optimizer, device, checkpoint_path, target_net)
+    agree_on_actors(args, progress["segment"])
+    epsilon = torch.as_tensor(epsilons(args.epsilon, args.epsilon_alpha, args.total_actors * args.num_envs))
+    epsilon = epsilon.view(args.total_actors, -1)
+    # episodes of these envs count for the threshold
+    counted_epsilon = max(args.threshold_epsilon, epsilon.min().item())
 
-    threshold = spec.reward_threshold  # None for envs without one
-    q_net = QNetwork(obs_shape(args, spec), A, args.network, args.hidden_size).to(device)
-    target_net = QNetwork(obs_shape(args, spec), A, args.network, args.hidden_size).to(device)
-    params = list(q_net.parameters())
-    opt_state = optimizer_init(params)
-    global_step, updates, wall_before, elapsed_before, time_to_threshold, threshold_step = 0, 0, 0.0, 0.0, None, None
-    recent = deque(maxlen=20)
-    if ckpt:
-        q_net.load_state_dict(ckpt["model"])
-        opt_state, elapsed_before, wall_before = ckpt["optimizer"], ckpt["elapsed_s"], ckpt["wall_time_s"]
-        global_step, updates, time_to_threshold = ckpt["global_step"], ckpt["updates"], ckpt["time_to_threshold_s"]
-        threshold_step = ckpt["threshold_step"]
-        recent.extend(ckpt["recent_returns"])
-    target_net.load_state_dict(ckpt["target"] if ckpt else q_net.state_dict())
-    eps_all = torch.as_tensor(epsilons(args.epsilon, args.epsilon_alpha, args.total_actors * args.num_envs))
-    eps_all = eps_all.view(args.total_actors, -1)
-    counted_eps = max(args.threshold_epsilon, eps_all.min().item())  # episodes of these envs count for the threshold
-
-    # Shared memory and actors first (fork before the learner computes anything), then the bridges and logging.
-    buffers = block_buffers(args, spec, num_buffers)
+    # Shared memory and actors first (fork before the learner computes anything),
+    # then the replay and logging.
+    buffers = block_buffers(args, spec, args.num_buffers)
     store = ParameterStore(num_params)
     store.publish(flat_params(q_net), 0)
-    versions = {0: updates}  # parameter version -> learner updates behind it (for the policy lag)
-    ctx = mp.get_context("fork")
-    free_q, full_q = ctx.Queue(maxsize=num_buffers), ctx.Queue(maxsize=num_buffers)
-    for k in range(num_buffers):
-        free_q.put(k)
-    actors = [ctx.Process(target=actor_loop, args=(i, args, spec, LocalLink(buffers, store, free_q, full_q)), daemon=True)
-              for i in range(args.num_actors)]
-    for p in actors:
-        p.start()
     control = {}
-    bridges = [threading.Thread(target=remote_bridge, daemon=True, args=(args.num_actors + r - 1, r, groups[r], args,
-                                buffers, store, free_q, full_q, control)) for r in range(1, world)]
-    for b in bridges:
-        b.start()
-    replay = PrioritizedReplay(args.buffer_size, {k: buffers[k][0, 0] for k in TRANSITION_KEYS}, args.alpha,
-                               args.priority_eps, device)
+    actors, bridges, free_q, full_q = start_actors(args, spec, groups, buffers, store, control)
+    fields = {key: buffers[key][0, 0] for key in TRANSITION_KEYS}
+    replay = PrioritizedReplay(args.buffer_size, fields, args.alpha, args.priority_eps, device)
     rng = np.random.default_rng(args.seed + 10**9 + args.segment)
-
-    from torch.utils.tensorboard import SummaryWriter
-    if args.track:
-        import wandb
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=asdict(args), name=args.run_name, id=args.run_name, resume="allow")
-    writer = SummaryWriter(run_dir, purge_step=global_step if ckpt else None)  # drop points after it
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
-
-    stop = {"signal": 0}
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, lambda signum, frame: stop.update(signal=signum))
-
-    def checkpoint():
-        save_checkpoint(ckpt_path, {"model": q_net.state_dict(), "target": target_net.state_dict(), "optimizer": opt_state,
-                                    "updates": updates, "global_step": global_step, "segment": args.segment,
-                                    "wall_time_s": wall_before + time.time() - train_start,
-                                    "elapsed_s": elapsed_before + time.time() - PROCESS_START, "recent_returns": list(recent),
-                                    "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step})
-
-    def next_block(pending: dict, expected: tuple) -> int:
-        """A filled buffer's index, watching the actors. Deterministic: block `expected` = (sequence, actor) only."""
-        while True:
-            if args.deterministic and expected in pending:
-                return pending.pop(expected)
-            try:
-                k = full_q.get(timeout=0.5)
-            except queue.Empty:
-                k = None
-            for i, p in enumerate(actors):  # checked at every block: the other actors may keep the queue busy
-                if p.exitcode is not None:
-                    raise ActorDied(f"actor {i} (pid {p.pid}) exited with code {p.exitcode}")
-            if "error" in control:
-                raise ActorDied(control["error"])
-            if k is not None and not args.deterministic:
-                return k
-            if k is not None:
-                _, actor, sequence = buffers["meta"][k].tolist()
-                pending[(sequence, actor)] = k
-
-    segment_start, segment_updates, pending, blocks, last_print, exit_code = global_step, updates, {}, 0, 0.0, 0
-    lr = args.learning_rate
-    lags, t_insert, t_sample, n_insert, n_sample, t_learn, losses = [], 1e-9, 1e-9, 0, 0, 1e-9, torch.zeros(2)
-    block_steps = args.block_length * args.num_envs
-    train_start = time.time()
+    writer = open_writer(args, run_dir, progress)
+    stop = install_stop_handlers()
+    stats = new_stats(progress)
+    segment_start = {"global_step": progress["global_step"], "update": progress["update"]}
+    pending = {}
+    last_print = 0.0
+    exit_code = 0
+    clock = start_clock(progress)
     try:
-        while True:
-            # The rate limit: one learner update per steps_per_update environment steps after learning_starts.
-            while global_step - segment_start >= args.learning_starts and \
-                    replay.size and updates - segment_updates < (global_step - segment_start - args.learning_starts) / args.steps_per_update:
-                t0 = time.time()
-                beta = args.beta + (1.0 - args.beta) * min(1.0, global_step / args.total_timesteps)
-                idx, batch, weights = replay.sample(args.batch_size, beta, rng)
-                t1 = time.time()
-                loss, abs_td = apex_loss(q_net, target_net, batch, weights)
-                q_net.zero_grad(set_to_none=False)
-                loss.backward()
-                grad = clip_grad(torch.cat([p.grad.reshape(-1) for p in params]), args.max_grad_norm)
-                frac = max(0.0, 1.0 - global_step / args.total_timesteps)  # the last block may pass total_timesteps
-                lr = args.learning_rate * frac if args.anneal_lr else args.learning_rate
-                adam_step(params, grad, opt_state, lr, eps=args.adam_eps)
-                t2 = time.time()
-                replay.update_priorities(idx, abs_td)
-                updates += 1
-                t_sample, n_sample, t_learn = t_sample + (t1 - t0) + (time.time() - t2), n_sample + args.batch_size, t_learn + t2 - t1
-                losses = torch.stack([loss.detach(), abs_td.mean()])
-                if updates % args.target_network_frequency == 0:
-                    target_net.load_state_dict(q_net.state_dict())
-                if args.checkpoint_every and updates % args.checkpoint_every == 0:
-                    checkpoint()
-            # Parameters for the actors: after every block (deterministic mode: after every round).
-            if not args.deterministic or blocks % args.total_actors == 0:
-                version = blocks // args.total_actors if args.deterministic else blocks
-                store.publish(flat_params(q_net), version)
-                versions[version] = updates
-                versions.pop(version - 100 * num_buffers, None)  # no actor holds parameters that old
-            if global_step >= args.total_timesteps or stop["signal"]:
+        while progress["global_step"] < args.total_timesteps:
+            # COLLECT: the next block into the replay (deterministic mode: by round, then actor)
+            expected = divmod(stats["blocks"], args.total_actors)
+            index = next_block(args, actors, control, buffers, full_q, pending, expected)
+            finished = take_block(args, buffers, index, replay, free_q, epsilon, progress, stats)
+            # LEARN: as many updates as the rate limit allows
+            updates_before = progress["update"]
+            while updates_due(args, progress, replay, segment_start):
+                learner_step(args, q_net, target_net, optimizer, flat, replay, rng, progress, stats)
+            # PUBLISH: parameters for the actors
+            publish(args, q_net, store, progress, stats)
+            # BOOKKEEPING: clocks, episodes (the least-exploring envs' count), logs, checkpoints
+            clock = advance_clock(progress, clock)
+            record_returns(progress, [ret for ret, _, eps in finished if eps <= counted_epsilon], threshold)
+            due = time.time() - last_print >= 2.0
+            log_update(
+                writer, progress, finished, learner_scalars(progress, stats, optimizer, replay, full_q) if due else {}
+            )
+            last_print = print_progress(progress, args.total_timesteps, last_print)
+            every = args.checkpoint_every
+            if stop["signal"] or (every and progress["update"] // every > updates_before // every):
+                checkpoint = {**progress, "model": q_net.state_dict(), "optimizer": optimizer.state_dict()}
+                save_checkpoint(checkpoint_path, {**checkpoint, "target": target_net.state_dict()})
+            if stop["signal"]:
+                # SIGTERM/SIGUSR1 (SLURM preemption): saved above, exit cleanly
+                print(
+                    f"signal received: checkpoint of update {progress['update']} written to {checkpoint_path}; "
+                    "rerun with --resume to continue",
+                    flush=True,
+                )
                 break
-            k = next_block(pending, (blocks // args.total_actors, blocks % args.total_actors))
-            t0 = time.time()
-            valid = buffers["valid"][k] > 0
-            replay.add({key: buffers[key][k][valid] for key in TRANSITION_KEYS}, buffers["priorities"][k][valid])
-            t_insert, n_insert = t_insert + time.time() - t0, n_insert + int(valid.sum())
-            version, actor, _ = buffers["meta"][k].tolist()
-            ep_return, ep_length = buffers["ep_return"][k].clone(), buffers["ep_length"][k].clone()
-            free_q.put(k)
-            blocks, global_step = blocks + 1, global_step + block_steps
-            lags.append(updates - versions.get(version, min(versions.values())))  # an older one: at least this lag
-            ended = ~torch.isnan(ep_return)
-            env_eps = eps_all[actor].expand_as(ended)[ended].tolist()
-            for ret, length, e in zip(ep_return[ended].tolist(), ep_length[ended].tolist(), env_eps):
-                for key, value in (("episodic_return", ret), ("episodic_length", length), ("epsilon", e)):
-                    writer.add_scalar(f"charts/{key}", value, global_step)
-                if e <= counted_eps:
-                    recent.append(ret)
-                    if threshold is not None and time_to_threshold is None and len(recent) == 20 and np.mean(recent) >= threshold:
-                        time_to_threshold, threshold_step = elapsed_before + time.time() - PROCESS_START, global_step
-            now = time.time()
-            if now - last_print > 2.0:
-                sps = global_step / (wall_before + now - train_start)
-                scalars = {"charts/SPS": sps, "charts/policy_lag": lags[-1], "charts/learning_rate": lr,
-                           "losses/td_loss": losses[0].item(), "losses/abs_td_error": losses[1].item(), "stats/replay_size": replay.size,
-                           "stats/replay_inserts_per_s": n_insert / t_insert, "stats/replay_samples_per_s": n_sample / t_sample,
-                           "stats/learner_updates_per_s": updates / (wall_before + now - train_start),
-                           "stats/full_queue": full_q.qsize()}
-                for key, value in scalars.items():
-                    writer.add_scalar(key, value, global_step)
-                last_print, mean = now, f"{np.mean(recent):.1f}" if recent else "n/a"
-                print(f"global_step={global_step} updates={updates} SPS={sps:.0f} replay={replay.size} "
-                      f"policy_lag={lags[-1]} return(last {len(recent)})={mean}", flush=True)
-        if stop["signal"]:  # SIGTERM/SIGUSR1 (SLURM preemption): save, then exit cleanly
-            checkpoint()
-            print(f"signal received: checkpoint of update {updates} written to {ckpt_path}; rerun with --resume to "
-                  "continue", flush=True)
         else:
-            wall = wall_before + time.time() - train_start
-            control["stop"] = True
-            for p in actors:  # the actors' CPU is the evaluation's now
-                p.kill()
-            eval_returns = evaluate(q_net, args.env_id, args.eval_episodes, args.seed + 10**6, device, args.mask_velocity)
-            for i, r in enumerate(eval_returns):
-                writer.add_scalar("eval/episodic_return", r, i)
-            import hashlib
-            summary = {"algo": "apex", "env_id": args.env_id, "mask_velocity": args.mask_velocity, "seed": args.seed, "world_size": world, "num_actors": args.num_actors,
-                       "total_actors": args.total_actors, "deterministic": args.deterministic, "global_step": global_step,
-                       "learner_updates": updates, "wall_time_s": elapsed_before + time.time() - PROCESS_START,
-                       "sps": global_step / wall, "train_time_s": wall, "eval_return_mean": float(np.mean(eval_returns)),
-                       "eval_return_std": float(np.std(eval_returns)), "reward_threshold": threshold,
-                       "train_return_last20": float(np.mean(recent)) if recent else None, "threshold_step": threshold_step,
-                       "time_to_threshold_s": time_to_threshold, "policy_lag_mean": float(np.mean(lags)) if lags else None,
-                       "replay_inserts_per_s": n_insert / t_insert, "replay_samples_per_s": n_sample / t_sample,
-                       "learner_updates_per_s": updates / wall, "learner_compute_s": t_learn, "replay_bytes": replay.nbytes(),
-                       "replay_bytes_per_transition": replay.nbytes() / args.buffer_size,
-                       "params_sha256": hashlib.sha256(flat_params(q_net).numpy().tobytes()).hexdigest()}
-            with open(os.path.join(run_dir, "summary.json"), "w") as f:
-                json.dump(summary, f, indent=2)
-            if args.save_model:
-                save_checkpoint(os.path.join(run_dir, "model.pt"), {k: v.cpu() for k, v in q_net.state_dict().items()})
-            print(f"eval return {summary['eval_return_mean']:.1f} +- {summary['eval_return_std']:.1f}; "
-                  f"time to threshold: {time_to_threshold}; summary in {run_dir}/summary.json", flush=True)
+            # the loop ran to total_timesteps; the actors' CPU is the evaluation's now
+            clock = advance_clock(progress, clock)
+            stop_actors(actors, control)
+            write_summary(args, q_net, writer, progress, clock, device, run_dir, stats, replay)
     except ActorDied as e:
         print(f"{os.path.basename(sys.argv[0])}: error: {e}; stopping", file=sys.stderr, flush=True)
         exit_code = 1
     finally:
-        control["stop"] = True
-        for p in actors:
-            p.kill()
-        for p in actors:
-            p.join()
-    writer.close()
-    if args.track:
-        wandb.finish()  # imported above, with wandb.init
-    if world > 1:
-        if exit_code:
-            os._exit(exit_code)  # torchrun stops the remote actors
-        for b in bridges:
-            b.join(timeout=30)
-        dist.barrier()
-        dist.destroy_process_group()
+        stop_actors(actors, control)
+    close_writer(args, writer)
+    finish_distributed(args, exit_code, bridges)
     return exit_code
 
 

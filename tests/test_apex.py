@@ -2,13 +2,24 @@
 schedule, n-step targets, double-Q TD errors, the sum tree and proportional prioritized replay), the actors'
 blocks and learning with the defaults; and the smoke/torchrun/determinism/failure runs of Ape-X and R2D2
 (algos/r2d2.py, which runs on the same actors, replay and links)."""
+
 import math
 
 import numpy as np
 import pytest
 import torch
-from conftest import (SUMMARY_KEYS, LAUNCH_KEYS, assert_bad_argument, assert_solves, bad_cases, check_ok, kill_one_worker,
-                      load_algo, sigterm_then_resume, start_actor)
+from conftest import (
+    LAUNCH_KEYS,
+    SUMMARY_KEYS,
+    assert_bad_argument,
+    assert_solves,
+    bad_cases,
+    check_ok,
+    kill_one_worker,
+    load_algo,
+    sigterm_then_resume,
+    start_actor,
+)
 
 apex = load_algo("apex")
 FAST = ["--total-timesteps", 6144, "--learning-starts", 1024]  # whole blocks (8 x 16 steps) on 1 and 2 actors
@@ -16,14 +27,19 @@ FAST = ["--total-timesteps", 6144, "--learning-starts", 1024]  # whole blocks (8
 
 def transition_fields(obs_shape=(4,), dtype=torch.float32) -> dict:
     """One transition's fields as the replay stores them (shape and dtype)."""
-    return {"obs": torch.zeros(obs_shape, dtype=dtype), "next_obs": torch.zeros(obs_shape, dtype=dtype),
-            "actions": torch.zeros((), dtype=torch.long), "returns": torch.zeros(()), "discounts": torch.zeros(())}
+    return {
+        "obs": torch.zeros(obs_shape, dtype=dtype),
+        "next_obs": torch.zeros(obs_shape, dtype=dtype),
+        "actions": torch.zeros((), dtype=torch.long),
+        "returns": torch.zeros(()),
+        "discounts": torch.zeros(()),
+    }
 
 
 def test_epsilon_schedule():
     """epsilon_i = epsilon^(1 + alpha i / (N - 1)) (paper, Section 4): 0.4 for i = 0, 0.4^8 for i = N - 1."""
     eps = apex.epsilons(0.4, 7.0, 8)
-    assert eps[0] == pytest.approx(0.4) and eps[-1] == pytest.approx(0.4 ** 8)
+    assert eps[0] == pytest.approx(0.4) and eps[-1] == pytest.approx(0.4**8)
     for i in range(8):
         assert eps[i] == pytest.approx(0.4 ** (1 + 7 * i / 7))
     assert apex.epsilons(0.4, 7.0, 1).tolist() == [0.4]
@@ -39,12 +55,12 @@ def n_step_reference(r, term, done, gamma, n):
         for s in range(L - n + 1):
             total, m = 0.0, n
             for k in range(n):
-                total += gamma ** k * r[s + k, e]
+                total += gamma**k * r[s + k, e]
                 if done[s + k, e]:
                     m = k + 1
                     break
             G[s, e], boot[s, e] = total, s + m
-            disc[s, e] = 0.0 if term[s + m - 1, e] else gamma ** m
+            disc[s, e] = 0.0 if term[s + m - 1, e] else gamma**m
     return G, disc, boot
 
 
@@ -86,16 +102,16 @@ def test_dueling_double_q_td_errors():
         torch.testing.assert_close(online(obs), online.value(h) + adv - adv.mean(1, keepdim=True))
         differs = 0
         for i in range(B):
-            a_star = int(online(next_obs[i:i + 1]).argmax())
-            differs += a_star != int(target(next_obs[i:i + 1]).argmax())
-            y = G[i] + disc[i] * target(next_obs[i:i + 1])[0, a_star]
-            assert delta[i].item() == pytest.approx((y - online(obs[i:i + 1])[0, actions[i]]).item(), abs=1e-5)
+            a_star = int(online(next_obs[i : i + 1]).argmax())
+            differs += a_star != int(target(next_obs[i : i + 1]).argmax())
+            y = G[i] + disc[i] * target(next_obs[i : i + 1])[0, a_star]
+            assert delta[i].item() == pytest.approx((y - online(obs[i : i + 1])[0, actions[i]]).item(), abs=1e-5)
     assert differs > 0  # the case that tells double Q from plain Q occurred
     weights = torch.rand(B)
     batch = {"obs": obs, "next_obs": next_obs, "actions": actions, "returns": G, "discounts": disc}
     loss, abs_td = apex.apex_loss(online, target, batch, weights)
     d = delta.detach()
-    huber = torch.where(d.abs() < 1, 0.5 * d ** 2, d.abs() - 0.5)
+    huber = torch.where(d.abs() < 1, 0.5 * d**2, d.abs() - 0.5)
     assert loss.item() == pytest.approx((weights * huber).mean().item(), rel=1e-5)
     torch.testing.assert_close(abs_td, d.abs())
     loss.backward()  # the target is a constant: no gradient reaches the target network
@@ -127,19 +143,31 @@ def test_sum_tree_sampling_frequencies_match_priorities():
 def test_sum_tree_inner_nodes_and_fifo_eviction():
     """After many inserts past capacity (FIFO) and priority updates, every inner node is the sum (min) of its
     children, the total is the sum of the live transitions' p^alpha, and the oldest transitions were evicted."""
-    replay, rng, live = apex.PrioritizedReplay(100, transition_fields(), 0.6, 1e-6, torch.device("cpu")), np.random.default_rng(1), {}
+    replay, rng, live = (
+        apex.PrioritizedReplay(100, transition_fields(), 0.6, 1e-6, torch.device("cpu")),
+        np.random.default_rng(1),
+        {},
+    )
     for block in range(13):
         k = int(rng.integers(1, 30))
         td = torch.rand(k) * 3
         obs = torch.full((k, 4), float(block))
-        replay.add({"obs": obs, "next_obs": obs, "actions": torch.zeros(k, dtype=torch.long), "returns": torch.zeros(k),
-                    "discounts": torch.zeros(k)}, td)
+        replay.add(
+            {
+                "obs": obs,
+                "next_obs": obs,
+                "actions": torch.zeros(k, dtype=torch.long),
+                "returns": torch.zeros(k),
+                "discounts": torch.zeros(k),
+            },
+            td,
+        )
         for j in range(k):
             live[(replay.pos - k + j) % 100] = (block, (td[j].item() + 1e-6) ** 0.6)
         idx = rng.integers(0, replay.size, 10)
         new = torch.rand(10)
         replay.update_priorities(idx, new)
-        for i, v in zip(idx, new.tolist()):
+        for i, v in zip(idx, new.tolist(), strict=True):
             live[int(i)] = (live[int(i)][0], (v + 1e-6) ** 0.6)
     tree = replay.tree
     inner = np.arange(1, tree.size)
@@ -156,8 +184,16 @@ def test_importance_weights_match_reference():
     and a stratified batch holds one draw per slice of the total priority."""
     replay = apex.PrioritizedReplay(64, transition_fields(), 0.6, 1e-6, torch.device("cpu"))
     td = torch.rand(50) * 2
-    replay.add({"obs": torch.randn(50, 4), "next_obs": torch.randn(50, 4), "actions": torch.zeros(50, dtype=torch.long),
-                "returns": torch.arange(50.0), "discounts": torch.zeros(50)}, td)
+    replay.add(
+        {
+            "obs": torch.randn(50, 4),
+            "next_obs": torch.randn(50, 4),
+            "actions": torch.zeros(50, dtype=torch.long),
+            "returns": torch.arange(50.0),
+            "discounts": torch.zeros(50),
+        },
+        td,
+    )
     P = (td.double().numpy() + 1e-6) ** 0.6
     P = P / P.sum()
     w_all = (50 * P) ** -0.5
@@ -173,8 +209,13 @@ def test_replay_takes_an_empty_block_and_clamps_at_the_total():
     """A block whose windows all start on reset steps adds nothing; a draw at the very top of the total priority
     (where float sums can overshoot the written leaves) still lands on a written transition."""
     replay = apex.PrioritizedReplay(16, transition_fields(), 0.6, 1e-6, torch.device("cpu"))
-    empty = {"obs": torch.zeros(0, 4), "next_obs": torch.zeros(0, 4), "actions": torch.zeros(0, dtype=torch.long),
-             "returns": torch.zeros(0), "discounts": torch.zeros(0)}
+    empty = {
+        "obs": torch.zeros(0, 4),
+        "next_obs": torch.zeros(0, 4),
+        "actions": torch.zeros(0, dtype=torch.long),
+        "returns": torch.zeros(0),
+        "discounts": torch.zeros(0),
+    }
     replay.add(empty, torch.zeros(0))
     assert replay.size == 0 and replay.tree.total() == 0
     replay.add({k: torch.ones((5,) + v.shape[1:], dtype=v.dtype) for k, v in empty.items()}, torch.rand(5))
@@ -185,60 +226,73 @@ def test_replay_takes_an_empty_block_and_clamps_at_the_total():
     assert idx.max() <= 4
 
 
-def test_adam_matches_torch_bitwise():
-    torch.manual_seed(0)
-    ours = [torch.randn(5, 3), torch.randn(7)]
-    ref = [p.clone().requires_grad_() for p in ours]
-    opt, state = torch.optim.Adam(ref, lr=3e-3, eps=1e-5), apex.optimizer_init(ours)
-    for _ in range(5):
-        grads = [torch.randn_like(p) for p in ours]
-        for p, g in zip(ref, grads):
-            p.grad = g.clone()
-        opt.step()
-        apex.adam_step(ours, torch.cat([g.reshape(-1) for g in grads]), state, 3e-3)
-    assert all(torch.equal(a, b.detach()) for a, b in zip(ours, ref))
+def short_episodes(module, monkeypatch, max_episode_steps: int) -> None:
+    """The actor's envs (forked after this) truncate episodes at max_episode_steps, so that truncations, not only
+    terminations, go through a real actor."""
+    make_env = module.make_env
+    monkeypatch.setattr(module, "make_env", lambda *a, **kw: make_env(*a, max_episode_steps=max_episode_steps, **kw))
 
 
-def test_actor_blocks_are_n_step_transitions_of_one_stream():
-    """A real actor (CartPole: reward 1 per step) over shared buffers: every valid window's n-step return and
-    discount follow from its episode end, consecutive windows continue one another across blocks (x' of a window
-    that did not end is x of the window n steps later), reset steps are invalid windows, and the actor's
-    priorities are |delta| of its own network."""
-    args = apex.Args(num_envs=3, block_length=5, n_step=3, num_actors=1, deterministic=True)
-    args.total_actors, gamma, T, N, n = 1, args.gamma, 5, 3, 3
+def test_actor_blocks_are_n_step_transitions_of_one_stream(monkeypatch):
+    """A real actor (CartPole: reward 1 per step, random actions, episodes truncated at 20 steps) over shared
+    buffers: every valid window's n-step return and discount follow from its episode end, consecutive windows
+    continue one another across blocks (x' of a window that did not end is x of the window n steps later), reset
+    steps are invalid windows, a terminated window has discount 0 and a truncated one bootstraps (gamma^m from the
+    final observation), and the actor's priorities are |delta| of its own network."""
+    # epsilon 1: random actions, whose episodes end both ways
+    # (a greedy random network's mostly end one way)
+    args = apex.Args(num_envs=3, block_length=5, n_step=3, num_actors=1, deterministic=True, epsilon=1.0)
+    args.total_actors, gamma, T, N, n, max_steps = 1, args.gamma, 5, 3, 3, 20
     spec = apex.envpool.make_spec(args.env_id)
+    torch.manual_seed(0)
     net = apex.QNetwork(spec.observation_space.shape, 2, hidden=args.hidden_size)
+    short_episodes(apex, monkeypatch, max_steps)
     actor, buffers, store, free_q, full_q = start_actor(apex, args, spec, net)
     try:
         windows = []
-        for b in range(40):
+        for b in range(60):
             k = full_q.get(timeout=30)
             assert buffers["meta"][k].tolist() == [max(b - 1, 0), 0, b]
             blk = {key: v[k].clone() for key, v in buffers.items()}
             if b >= 1:  # the version block b + 1 waits for
                 store.publish(apex.flat_params(net), b)
             free_q.put(k)
-            windows += [{key: blk[key].view(T, N, *blk[key].shape[1:])[t] for key in
-                         ("obs", "next_obs", "actions", "returns", "discounts", "priorities", "valid")} for t in range(T)]
-            delta, _ = apex.td_errors(net, net, blk["obs"], blk["actions"], blk["returns"], blk["discounts"], blk["next_obs"])
+            windows += [
+                {
+                    key: blk[key].view(T, N, *blk[key].shape[1:])[t]
+                    for key in ("obs", "next_obs", "actions", "returns", "discounts", "priorities", "valid")
+                }
+                for t in range(T)
+            ]
+            delta, _ = apex.td_errors(
+                net, net, blk["obs"], blk["actions"], blk["returns"], blk["discounts"], blk["next_obs"]
+            )
             torch.testing.assert_close(blk["priorities"], delta.abs().detach())
-        ended = terminated = invalid = 0
+        ended = terminated = truncated = invalid = 0
+        length = [0] * N  # steps of each env's episode so far, up to and including window s
         for s, w in enumerate(windows[:-n]):
             for e in range(N):
                 if not w["valid"][e]:
                     invalid += 1
+                    length[e] = 0
                     continue
+                length[e] += 1
                 m = next((k + 1 for k in range(n) if windows[s + k + 1]["valid"][e] == 0), n)
-                assert w["returns"][e].item() == pytest.approx(sum(gamma ** k for k in range(m)), rel=1e-6)
+                assert w["returns"][e].item() == pytest.approx(sum(gamma**k for k in range(m)), rel=1e-6)
                 if m == n and windows[s + n]["valid"][e]:  # the bootstrap state is the window n steps later's start
                     assert torch.equal(w["next_obs"][e], windows[s + n]["obs"][e])
-                    assert w["discounts"][e].item() == pytest.approx(gamma ** n)
+                    assert w["discounts"][e].item() == pytest.approx(gamma**n)
                 elif m < n:  # x' is the final observation, which the window at s + m (a reset step) starts from
                     assert torch.equal(w["next_obs"][e], windows[s + m]["obs"][e]) and not windows[s + m]["valid"][e]
                     ended += 1
-                    terminated += w["discounts"][e].item() == 0.0
-                    assert w["discounts"][e].item() in (0.0, pytest.approx(gamma ** m))
-        assert ended > 0 and terminated > 0 and invalid > 0
+                    episode_steps = length[e] + m - 1
+                    assert episode_steps <= max_steps
+                    if w["discounts"][e].item() == 0.0:
+                        terminated += 1
+                    else:  # only a truncation bootstraps, and CartPole truncates at max_steps only
+                        assert w["discounts"][e].item() == pytest.approx(gamma**m) and episode_steps == max_steps
+                        truncated += 1
+        assert ended > 0 and terminated > 0 and truncated > 0 and invalid > 0, (terminated, truncated)
     finally:
         actor.kill()
         actor.join()
@@ -259,7 +313,9 @@ def test_smoke_two_actors(runner, name):
     check_ok(runner.run(name, *FAST, "--num-actors", 2))
     s = runner.summary("CartPole-v1", name)
     assert SUMMARY_KEYS <= s.keys() and s["algo"] == name and s["num_actors"] == 2
-    assert 6144 <= s["global_step"] < 6144 + 2 * 1024 and s["learner_updates"] == updates_allowed(name, s["global_step"], 1024)
+    assert 6144 <= s["global_step"] < 6144 + 2 * 1024 and s["learner_updates"] == updates_allowed(
+        name, s["global_step"], 1024
+    )
     assert s["policy_lag_mean"] > 0  # actors fill blocks ahead of the learner's updates
     assert s["replay_inserts_per_s"] > 0 and s["replay_samples_per_s"] > 0
     assert list(runner.run_dir("CartPole-v1", name).glob("events.*"))
@@ -303,7 +359,12 @@ def test_deterministic_mode_is_bitwise(runner, name):
     for exp in ("a", "b"):
         check_ok(runner.run(name, *args, "--exp-name", exp))
     a, b = runner.summary("CartPole-v1", "a"), runner.summary("CartPole-v1", "b")
-    timing = LAUNCH_KEYS | {"replay_inserts_per_s", "replay_samples_per_s", "learner_updates_per_s", "learner_compute_s"}
+    timing = LAUNCH_KEYS | {
+        "replay_inserts_per_s",
+        "replay_samples_per_s",
+        "learner_updates_per_s",
+        "learner_compute_s",
+    }
     assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}
     wa = torch.load(runner.run_dir("CartPole-v1", "a") / "model.pt", weights_only=True)
     wb = torch.load(runner.run_dir("CartPole-v1", "b") / "model.pt", weights_only=True)
@@ -323,20 +384,46 @@ def test_sigterm_checkpoint_resume(runner, name):
     fewer updates than an uninterrupted run (learning_starts again) but more than the resumed segment alone."""
     s = sigterm_then_resume(runner, name, "CartPole-v1", "--total-timesteps", 40000)
     ckpt = torch.load(runner.run_dir("CartPole-v1", "cut") / "checkpoint.pt", weights_only=True)
-    assert 0 < ckpt["global_step"] < s["global_step"] and ckpt["updates"] == updates_allowed(name, ckpt["global_step"])
-    assert s["learner_updates"] == ckpt["updates"] + updates_allowed(name, s["global_step"] - ckpt["global_step"])
+    assert 0 < ckpt["global_step"] < s["global_step"] and ckpt["update"] == updates_allowed(name, ckpt["global_step"])
+    assert s["learner_updates"] == ckpt["update"] + updates_allowed(name, s["global_step"] - ckpt["global_step"])
     assert s["learner_updates"] < updates_allowed(name, s["global_step"])  # an uninterrupted run's count
 
 
-@pytest.mark.parametrize("name,args,arg", [pytest.param("apex", *c.values, id=f"apex-{c.id}") for c in bad_cases([
-    (["--seed", -1], "seed"), (["--env-id", "NoSuchEnv-v0"], "env-id"), (["--env-id", "Pendulum-v1"], "env-id"),
-    (["--n-step", 0], "n-step"), (["--gamma", 1.5], "gamma"), (["--beta", 0], "beta"), (["--network", "nature"], "network"),
-    (["--batch-size", 512, "--buffer-size", 256], "batch-size"), (["--num-buffers", 1], "num-buffers"),
-    (["--steps-per-update", 0], "steps-per-update"), (["--num-envs", 0], "num-envs"),
-    (["--buffer-size", 100, "--batch-size", 32], "buffer-size"), (["--max-grad-norm", 0], "max-grad-norm")])] +
-    [pytest.param("r2d2", *c.values, id=f"r2d2-{c.id}") for c in bad_cases([
-        (["--sequence-overlap", 20, "--sequence-length", 20], "sequence-overlap"), (["--burn-in", -1], "burn-in"),
-        (["--eta", 1.5], "eta"), (["--mask-velocity", "--env-id", "Acrobot-v1"], "mask-velocity"),
-        (["--buffer-size", 20, "--batch-size", 8], "buffer-size"), (["--value-rescaling-eps", 0], "value-rescaling-eps")])])
+@pytest.mark.parametrize(
+    "name,args,arg",
+    [
+        pytest.param("apex", *c.values, id=f"apex-{c.id}")
+        for c in bad_cases(
+            [
+                (["--seed", -1], "seed"),
+                (["--env-id", "NoSuchEnv-v0"], "env-id"),
+                (["--env-id", "Pendulum-v1"], "env-id"),
+                (["--n-step", 0], "n-step"),
+                (["--gamma", 1.5], "gamma"),
+                (["--beta", 0], "beta"),
+                (["--network", "nature"], "network"),
+                (["--batch-size", 512, "--buffer-size", 256], "batch-size"),
+                (["--num-buffers", 1], "num-buffers"),
+                (["--steps-per-update", 0], "steps-per-update"),
+                (["--num-envs", 0], "num-envs"),
+                (["--buffer-size", 100, "--batch-size", 32], "buffer-size"),
+                (["--max-grad-norm", 0], "max-grad-norm"),
+            ]
+        )
+    ]
+    + [
+        pytest.param("r2d2", *c.values, id=f"r2d2-{c.id}")
+        for c in bad_cases(
+            [
+                (["--sequence-overlap", 20, "--sequence-length", 20], "sequence-overlap"),
+                (["--burn-in", -1], "burn-in"),
+                (["--eta", 1.5], "eta"),
+                (["--mask-velocity", "--env-id", "Acrobot-v1"], "mask-velocity"),
+                (["--buffer-size", 20, "--batch-size", 8], "buffer-size"),
+                (["--value-rescaling-eps", 0], "value-rescaling-eps"),
+            ]
+        )
+    ],
+)
 def test_bad_arguments(runner, name, args, arg):
     assert_bad_argument(runner.run(name, *args), arg, runner.cwd)

@@ -1,5 +1,6 @@
 """R2D2 (algos/r2d2.py): value rescaling, sequence building and the burn-in loss against slow references written
 from the paper; the smoke/torchrun/determinism/failure runs it shares with Ape-X are in test_apex.py."""
+
 import numpy as np
 import pytest
 import torch
@@ -10,7 +11,9 @@ r2d2 = load_algo("r2d2")
 
 def test_value_rescaling_and_its_inverse():
     """h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x; h(h^-1(x)) = x and h^-1(h(x)) = x over returns of any size."""
-    x = torch.cat([torch.linspace(-1e4, 1e4, 20001, dtype=torch.float64), torch.tensor([0.0, 1e-9, -1e-9], dtype=torch.float64)])
+    x = torch.cat(
+        [torch.linspace(-1e4, 1e4, 20001, dtype=torch.float64), torch.tensor([0.0, 1e-9, -1e-9], dtype=torch.float64)]
+    )
     for eps in (1e-3, 1e-2):
         assert r2d2.h(torch.tensor(3.0, dtype=torch.float64), eps).item() == pytest.approx(1.0 + 3 * eps)
         assert r2d2.h(torch.tensor(-8.0, dtype=torch.float64), eps).item() == pytest.approx(-2.0 - 8 * eps)
@@ -38,8 +41,15 @@ def random_stream(seed, L=400, N=3, obs_dim=2, hidden=4):
     done &= real
     obs = rng.normal(size=(L + 1, N, obs_dim)).astype(np.float32)
     state = rng.normal(size=(L, N, 2, hidden)).astype(np.float32)
-    return dict(obs=obs, state=state, action=rng.integers(0, 3, (L, N)), reward=rng.normal(size=(L, N)), term=term,
-                done=done, real=real)
+    return dict(
+        obs=obs,
+        state=state,
+        action=rng.integers(0, 3, (L, N)),
+        reward=rng.normal(size=(L, N)),
+        term=term,
+        done=done,
+        real=real,
+    )
 
 
 def reference_sequences(stream, e, B, S, overlap, n, gamma):
@@ -65,8 +75,13 @@ def reference_sequences(stream, e, B, S, overlap, n, gamma):
                 break  # the episode's stream stopped before this window was complete
             first = max(s - B, 0)
             steps = episode[first:end]
-            seq = {"pad": B - (s - first), "obs": [stream["obs"][u, e] for u in steps], "actions": [stream["action"][u, e] for u in steps],
-                   "state": stream["state"][steps[0], e] if s - B >= 0 else np.zeros_like(stream["state"][0, e]), "length": end - s}
+            seq = {
+                "pad": B - (s - first),
+                "obs": [stream["obs"][u, e] for u in steps],
+                "actions": [stream["action"][u, e] for u in steps],
+                "state": stream["state"][steps[0], e] if s - B >= 0 else np.zeros_like(stream["state"][0, e]),
+                "length": end - s,
+            }
             seq["obs"].append(stream["obs"][steps[-1] + 1, e])  # x after the last step: next observation or final one
             before = [episode[j - 1] if j > 0 else None for j in range(first, end + 1)]
             seq["prev_action"] = [-1 if u is None else stream["action"][u, e] for u in before]
@@ -74,9 +89,9 @@ def reference_sequences(stream, e, B, S, overlap, n, gamma):
             returns, discounts, boots = [], [], []
             for j in range(s, end):
                 m = min(n, end - j)
-                returns.append(sum(gamma ** k * stream["reward"][episode[j + k], e] for k in range(m)))
+                returns.append(sum(gamma**k * stream["reward"][episode[j + k], e] for k in range(m)))
                 terminated = ended and j + m == T and stream["term"][episode[T - 1], e]
-                discounts.append(0.0 if terminated else gamma ** m)
+                discounts.append(0.0 if terminated else gamma**m)
                 boots.append(j + m - s)
             seq.update(returns=returns, discounts=discounts, boots=boots)
             out.append(seq)
@@ -94,26 +109,34 @@ def test_sequences_match_reference(B, S, overlap, n):
     builder = r2d2.SequenceBuilder(N, B, S, overlap, n, gamma, stream["obs"][0], 4)
     got = {e: [] for e in range(N)}
     for t in range(L):
-        closed = builder.add(stream["obs"][t], stream["state"][t], stream["action"][t], stream["reward"][t],
-                             stream["term"][t], stream["done"][t], stream["obs"][t + 1], stream["real"][t])
+        closed = builder.add(
+            stream["obs"][t],
+            stream["state"][t],
+            stream["action"][t],
+            stream["reward"][t],
+            stream["term"][t],
+            stream["done"][t],
+            stream["obs"][t + 1],
+            stream["real"][t],
+        )
         for i, e in enumerate([] if closed is None else closed["env"]):
             got[e].append({k: v[i] for k, v in closed.items()})
     assert stream["term"].any() and (stream["done"] & ~stream["term"]).any()
     for e in range(N):
         ref = reference_sequences(stream, e, B, S, overlap, n, gamma)
         assert len(got[e]) == len(ref) > 5
-        for g, r in zip(got[e], ref):
+        for g, r in zip(got[e], ref, strict=True):
             k, pad = r["length"], r["pad"]
             assert g["obs_valid"].tolist() == [0.0] * pad + [1.0] * (B - pad + k + 1) + [0.0] * (S - k)
-            np.testing.assert_array_equal(g["obs"][pad:B + k + 1], np.stack(r["obs"]))
-            np.testing.assert_array_equal(g["actions"][pad:B + k], r["actions"])
-            np.testing.assert_array_equal(g["prev_action"][pad:B + k + 1], r["prev_action"])
-            np.testing.assert_array_equal(g["prev_reward"][pad:B + k + 1], r["prev_reward"])
+            np.testing.assert_array_equal(g["obs"][pad : B + k + 1], np.stack(r["obs"]))
+            np.testing.assert_array_equal(g["actions"][pad : B + k], r["actions"])
+            np.testing.assert_array_equal(g["prev_action"][pad : B + k + 1], r["prev_action"])
+            np.testing.assert_array_equal(g["prev_reward"][pad : B + k + 1], r["prev_reward"])
             np.testing.assert_array_equal(g["state"], r["state"])
             assert g["train"].tolist() == [False] * B + [True] * k + [False] * (S - k)
-            np.testing.assert_allclose(g["returns"][B:B + k], r["returns"], rtol=1e-12)
-            np.testing.assert_allclose(g["discounts"][B:B + k], r["discounts"], rtol=1e-12)
-            np.testing.assert_array_equal(g["boot"][B:B + k] - B, r["boots"])
+            np.testing.assert_allclose(g["returns"][B : B + k], r["returns"], rtol=1e-12)
+            np.testing.assert_allclose(g["discounts"][B : B + k], r["discounts"], rtol=1e-12)
+            np.testing.assert_array_equal(g["boot"][B : B + k] - B, r["boots"])
 
 
 def random_batch(seed, Bt=6, B=3, S=5, A=3, obs_dim=2, hidden=8):
@@ -127,10 +150,18 @@ def random_batch(seed, Bt=6, B=3, S=5, A=3, obs_dim=2, hidden=8):
     train = ((pos[:P] >= B) & (pos[:P] < B + length[:, None])).float()
     boot = torch.minimum(pos[:P] + torch.randint(1, 4, (Bt, P), generator=g), B + length[:, None])
     state = torch.randn(Bt, 2, hidden, generator=g) * (pad == 0).float()[:, None, None]
-    return {"obs": torch.randn(Bt, P + 1, obs_dim, generator=g) * valid[:, :, None], "obs_valid": valid, "state": state,
-            "prev_action": torch.randint(-1, A, (Bt, P + 1), generator=g), "prev_reward": torch.randn(Bt, P + 1, generator=g),
-            "actions": torch.randint(0, A, (Bt, P), generator=g), "returns": torch.randn(Bt, P, generator=g) * 5,
-            "discounts": torch.rand(Bt, P, generator=g), "boot": boot, "train": train}
+    return {
+        "obs": torch.randn(Bt, P + 1, obs_dim, generator=g) * valid[:, :, None],
+        "obs_valid": valid,
+        "state": state,
+        "prev_action": torch.randint(-1, A, (Bt, P + 1), generator=g),
+        "prev_reward": torch.randn(Bt, P + 1, generator=g),
+        "actions": torch.randint(0, A, (Bt, P), generator=g),
+        "returns": torch.randn(Bt, P, generator=g) * 5,
+        "discounts": torch.rand(Bt, P, generator=g),
+        "boot": boot,
+        "train": train,
+    }
 
 
 def reference_loss(online, target, batch, weights, B, eta, eps):
@@ -151,7 +182,7 @@ def reference_loss(online, target, batch, weights, B, eta, eps):
                         if a >= 0:
                             one_hot[0, a] = 1.0
                         r = torch.tanh(batch["prev_reward"][i, t]).view(1, 1)
-                        x = torch.cat([net.torso(batch["obs"][i, t:t + 1]), one_hot, r], 1)
+                        x = torch.cat([net.torso(batch["obs"][i, t : t + 1]), one_hot, r], 1)
                         h, c = net.lstm(x, (h, c))
                     adv = net.advantage(h)
                     qs[name].append((net.value(h) + adv - adv.mean(-1, keepdim=True))[0])
@@ -210,18 +241,33 @@ def test_loss_and_priorities_match_reference_and_burn_in_contributes_nothing():
     assert loss4.item() != pytest.approx(loss.item(), rel=1e-6)
 
 
-def test_actor_stores_the_state_before_each_sequence_and_its_own_priorities():
-    """A real actor (masked CartPole, reward 1 per step) over shared buffers: unrolling its network from one
-    sequence's stored state over the steps to the next sequence's start gives that sequence's stored state (so the
-    state kept with each step is the one before it); a sequence after an episode's end starts from a zero state
-    with a padded burn-in and no previous action; the priorities are those of its own network; the return an ended sequence carries is
-    its episode's length."""
-    args = r2d2.Args(num_envs=3, burn_in=4, sequence_length=6, sequence_overlap=2, n_step=3, num_actors=1, hidden_size=8,
-                     deterministic=True, mask_velocity=True)
-    args.total_actors, B, S, period = 1, 4, 6, 4
+def test_actor_stores_the_state_before_each_sequence_and_its_own_priorities(monkeypatch):
+    """A real actor (masked CartPole, reward 1 per step, random actions, episodes truncated at 16 steps) over
+    shared buffers: unrolling its network from one sequence's stored state over the steps to the next sequence's
+    start gives that sequence's stored state (so the state kept with each step is the one before it); a sequence
+    after an episode's end starts from a zero state with a padded burn-in and no previous action; the priorities are
+    those of its own network; the return an ended sequence carries is its episode's length; its last step has
+    discount 0 after a termination and bootstraps (gamma) after a truncation."""
+    # epsilon 1: random actions, whose episodes end both ways
+    # (a greedy random network's mostly end one way)
+    args = r2d2.Args(
+        num_envs=3,
+        burn_in=4,
+        sequence_length=6,
+        sequence_overlap=2,
+        n_step=3,
+        num_actors=1,
+        hidden_size=8,
+        deterministic=True,
+        mask_velocity=True,
+        epsilon=1.0,
+    )
+    args.total_actors, B, S, period, max_steps = 1, 4, 6, 4, 16
     spec = r2d2.envpool.make_spec(args.env_id)
     torch.manual_seed(0)
     net = r2d2.QNetwork((2,), 2, hidden=8)
+    make_env = r2d2.make_env  # the actor (forked below) truncates its episodes at max_steps
+    monkeypatch.setattr(r2d2, "make_env", lambda *a, **kw: make_env(*a, max_episode_steps=max_steps, **kw))
     actor, buffers, store, free_q, full_q = start_actor(r2d2, args, spec, net)
     per_env = {e: [] for e in range(3)}
     try:
@@ -233,18 +279,25 @@ def test_actor_stores_the_state_before_each_sequence_and_its_own_priorities():
             if b >= 1:
                 store.publish(r2d2.flat_params(net), b)
             free_q.put(k)
-            _, priorities = r2d2.r2d2_loss(net, net, {key: blk[key] for key in r2d2.SEQUENCE_KEYS}, torch.ones(count), B, args.eta,
-                                           r2d2.rescaling_eps(args, spec))
+            _, priorities = r2d2.r2d2_loss(
+                net,
+                net,
+                {key: blk[key] for key in r2d2.SEQUENCE_KEYS},
+                torch.ones(count),
+                B,
+                args.eta,
+                r2d2.rescaling_eps(args, spec),
+            )
             torch.testing.assert_close(blk["priorities"], priorities)
             for i in range(count):
                 per_env[int(blk["env"][i])].append({key: v[i] for key, v in blk.items()})
     finally:
         actor.kill()
         actor.join()
-    chained = ended = 0
+    chained = ended = terminated = truncated = 0
     for seqs in per_env.values():
         length = 0
-        for prev, seq in zip([None] + seqs, seqs):
+        for prev, seq in zip([None] + seqs, seqs, strict=False):
             if prev is None or not torch.isnan(prev["ep_return"]):  # an episode's first sequence
                 assert seq["prev_action"][B] == -1 and seq["prev_reward"][B] == 0  # no action before the first step
                 if prev is not None:
@@ -252,13 +305,22 @@ def test_actor_stores_the_state_before_each_sequence_and_its_own_priorities():
                 length = int(seq["train"].sum())
             else:
                 with torch.no_grad():
-                    _, (h, c) = net(*[prev[k][None, :period] for k in r2d2.INPUT_KEYS], (prev["state"][None, 0], prev["state"][None, 1]))
+                    _, (h, c) = net(
+                        *[prev[k][None, :period] for k in r2d2.INPUT_KEYS],
+                        (prev["state"][None, 0], prev["state"][None, 1]),
+                    )
                 torch.testing.assert_close(torch.stack([h[0], c[0]]), seq["state"], atol=1e-5, rtol=1e-5)
                 chained, length = chained + 1, length + int(seq["train"].sum()) - (S - period)
             if not torch.isnan(seq["ep_return"]):
-                assert seq["ep_return"].item() == length == seq["ep_length"].item()
+                assert seq["ep_return"].item() == length == seq["ep_length"].item() <= max_steps
+                last_discount = seq["discounts"][B + int(seq["train"].sum()) - 1].item()
+                if last_discount == 0.0:
+                    terminated += 1
+                else:  # only a truncation bootstraps, and CartPole truncates at max_steps only
+                    assert last_discount == pytest.approx(args.gamma) and length == max_steps
+                    truncated += 1
                 ended += 1
-    assert chained > 20 and ended > 20
+    assert chained > 20 and ended > 20 and terminated > 0 and truncated > 0, (terminated, truncated)
 
 
 def test_masked_cartpole_keeps_positions_only():
