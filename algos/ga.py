@@ -11,7 +11,9 @@ exchange only seeds and fitnesses and rebuild parameters themselves, never sendi
   python algos/ga.py --num-workers 2                         # two worker processes on this machine
   torchrun --standalone --nproc_per_node=2 algos/ga.py       # the same under torchrun (or across nodes)
 """
+
 import ctypes
+import functools
 import hashlib
 import json
 import math
@@ -20,37 +22,19 @@ import signal
 import socket
 import sys
 import time
-import types
 import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Optional, Tuple
 
-
-def process_start_time() -> float:
-    """Wall-clock time at which this process started (Linux /proc), so start-up and imports are counted."""
-    try:
-        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
-            ticks, up = int(stat.read().rsplit(")", 1)[1].split()[19]), float(uptime.read().split()[0])
-        return time.time() - up + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return time.time()
-
-
-PROCESS_START = process_start_time()
-
-# `import envpool` registers every env family it ships. Four of them cost ~0.6 s of start-up (jumanji's alone
-# imports matplotlib) and have no environment this file can train on; their registration is skipped.
-if "envpool" not in sys.modules:
-    for _name in ("jumanji", "pgx", "mujoco.dmc", "mujoco.playground"):
-        sys.modules[f"envpool.{_name}.registration"] = types.ModuleType(f"envpool.{_name}.registration")
-import envpool  # noqa: E402
-import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-import tyro  # noqa: E402
+import envpool
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import tyro
+from torch.utils.tensorboard import SummaryWriter
 
 
 @dataclass
@@ -74,7 +58,7 @@ class Args:
     sigma: float = 0.05  # mutation power sigma: child = parent + sigma * epsilon
     elite_candidates: int = 10  # elite candidates: the generation's top ones and the previous elite (paper: 10)
     elite_episodes: int = 30  # extra episodes per elite candidate; the best mean is the elite (paper: 30)
-    noise_table_size: int = 2 ** 24  # floats in the shared noise table (64 MiB); a mutation seed is an offset into it
+    noise_table_size: int = 2**24  # floats in the shared noise table (64 MiB); a mutation seed is an offset into it
     episode_cap: int = 0  # cap on episode length in steps (0: the environment's own limit)
     hidden_sizes: Tuple[int, ...] = (64, 64)  # hidden layer widths of the tanh MLP policy
     torch_threads: int = 1  # torch threads per worker (tiny forward pass; 1 keeps results split-independent)
@@ -97,22 +81,34 @@ def fail(arg: str, message: str) -> None:
 
 
 def validate(args: Args) -> None:
-    if not 0 <= args.seed < 2**30:  # env seeds add offsets to it and must stay 32-bit
+    # env seeds add offsets to the seed and must stay 32-bit
+    if not 0 <= args.seed < 2**30:
         fail("seed", f"must be in [0, 2**30), got {args.seed}")
-    for name in ["total_timesteps", "population_size", "truncation", "elite_candidates", "elite_episodes",
-                 "eval_episodes", "num_workers", "sigma", "noise_table_size"]:
+    positive = [
+        "total_timesteps",
+        "population_size",
+        "truncation",
+        "elite_candidates",
+        "elite_episodes",
+        "eval_episodes",
+        "num_workers",
+        "sigma",
+        "noise_table_size",
+    ]
+    for name in positive:
         if getattr(args, name) <= 0:
             fail(name, f"must be positive, got {getattr(args, name)}")
     for name in ["episode_cap", "torch_threads", "env_threads", "checkpoint_every"]:
         if getattr(args, name) < 0:
             fail(name, f"must not be negative, got {getattr(args, name)}")
+    mutants = args.population_size - 1
     if args.population_size < 2:
         fail("population_size", f"must be at least 2 (the elite and a mutant), got {args.population_size}")
-    if args.truncation > args.population_size - 1:
-        fail("truncation", f"{args.truncation} is more than the population's {args.population_size - 1} mutants")
-    if args.elite_candidates > args.population_size - 1:
-        fail("elite_candidates", f"{args.elite_candidates} is more than the population's {args.population_size - 1} mutants")
-    if any(h <= 0 for h in args.hidden_sizes):
+    if args.truncation > mutants:
+        fail("truncation", f"{args.truncation} is more than the population's {mutants} mutants")
+    if args.elite_candidates > mutants:
+        fail("elite_candidates", f"{args.elite_candidates} is more than the population's {mutants} mutants")
+    if any(size <= 0 for size in args.hidden_sizes):
         fail("hidden_sizes", f"must be positive, got {args.hidden_sizes}")
     if args.num_workers > 1 and "WORLD_SIZE" in os.environ:
         fail("num_workers", "under torchrun every rank is a worker; leave --num-workers at 1")
@@ -121,7 +117,8 @@ def validate(args: Args) -> None:
     if args.env_id not in envpool.list_all_envs():
         fail("env_id", f"'{args.env_id}' is not an envpool environment")
     spec = envpool.make_spec(args.env_id)
-    obs_space, act_space = spec.observation_space, spec.action_space
+    obs_space = spec.observation_space
+    act_space = spec.action_space
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
         fail("env_id", f"'{args.env_id}' has observation space {obs_space}; the GA here needs a flat Box")
     if not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(act_space.shape) > 1:
@@ -134,22 +131,31 @@ def validate(args: Args) -> None:
 # ----------------------------------------------------------------------------------------------- environment
 def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, **kwargs):
     """An envpool batch. Env i of the batch is seeded with seed + i."""
-    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_threads=num_threads,
-                        thread_affinity_offset=-1, **kwargs)
+    return envpool.make(
+        env_id,
+        env_type="gymnasium",
+        num_envs=num_envs,
+        seed=seed,
+        num_threads=num_threads,
+        thread_affinity_offset=-1,
+        **kwargs,
+    )
 
 
 def env_seed(args: Args, generation: int, episode: int) -> int:
-    """Seed of episode `episode` (global index: mutants first, then the elite candidates' episodes) of
-    `generation`: never tied to the worker that runs it, so results do not depend on the number of workers."""
+    """Seed of episode `episode` (global index: mutants first, then the elite candidates' episodes)
+    of `generation`: never tied to the worker that runs it, so results do not depend on the number
+    of workers."""
     per_generation = args.population_size + args.elite_candidates * args.elite_episodes
     return args.seed + generation * per_generation + episode
 
 
 # ----------------------------------------------------------------------------------------------- networks
 class Policy:
-    """Deterministic tanh MLP held as one flat parameter vector, so that perturbations are slices of the noise
-    table. `forward` evaluates P parameter vectors on P observations at once (one batched matmul per layer):
-    the whole population's step is one call. Discrete actions: argmax; Box actions: the output, clipped."""
+    """Deterministic tanh MLP held as one flat parameter vector, so that perturbations are slices of
+    the noise table. `forward` evaluates P parameter vectors on P observations at once (one batched
+    matmul per layer): the whole population's step is one call. Discrete actions: argmax; Box
+    actions: the output, clipped."""
 
     def __init__(self, obs_dim: int, action_space, hidden_sizes=(64, 64)):
         self.continuous = isinstance(action_space, gym.spaces.Box)
@@ -162,8 +168,9 @@ class Policy:
             self.high = torch.as_tensor(action_space.high, dtype=torch.float32)
 
     def init_params(self, generator) -> torch.Tensor:
-        """The initialization phi(tau_0) of an individual: rows of each weight matrix drawn from N(0, I) (generator
-        seeded with tau_0) and scaled to norm 1 (0.01 for the output layer); zero biases."""
+        """The initialization phi(tau_0) of an individual: rows of each weight matrix drawn from
+        N(0, I) (generator seeded with tau_0) and scaled to norm 1 (0.01 for the output layer); zero
+        biases."""
         chunks = []
         for k, (o, i) in enumerate(self.shapes):
             w = torch.randn(o, i, generator=generator)
@@ -172,15 +179,17 @@ class Policy:
         return torch.cat(chunks)
 
     def forward(self, params: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
-        """params [P, num_params], obs [P, obs_dim] -> outputs [P, n_out]. A single row is computed inside a batch
-        of two (itself twice): baddbmm takes another kernel for a batch of one, whose low bits differ, and an
-        individual's result must not depend on how many others share its worker's block."""
+        """params [P, num_params], obs [P, obs_dim] -> outputs [P, n_out]. A single row is computed
+        inside a batch of two (itself twice): baddbmm takes another kernel for a batch of one, whose
+        low bits differ, and an individual's result must not depend on how many others share its
+        worker's block."""
         if params.shape[0] == 1:
             return self.forward(params.repeat(2, 1), obs.repeat(2, 1))[:1]
-        h, offset = obs.unsqueeze(-1), 0
+        h = obs.unsqueeze(-1)
+        offset = 0
         for k, (o, i) in enumerate(self.shapes):
-            w = params[:, offset:offset + o * i].view(-1, o, i)
-            b = params[:, offset + o * i:offset + o * i + o].unsqueeze(-1)
+            w = params[:, offset : offset + o * i].view(-1, o, i)
+            b = params[:, offset + o * i : offset + o * i + o].unsqueeze(-1)
             offset += o * i + o
             h = torch.baddbmm(b, w, h)
             if k < len(self.shapes) - 1:
@@ -196,19 +205,22 @@ class Policy:
 
 # ----------------------------------------------------------------------------------------------- algorithm
 def noise_table(seed: int, size: int) -> torch.Tensor:
-    """The shared noise table: `size` standard normal float32 numbers from a generator seeded with `seed`. Every
-    worker builds the same table; a perturbation is an offset into it (its slice of num_params numbers)."""
+    """The shared noise table: `size` standard normal float32 numbers from a generator seeded with
+    `seed`. Every worker builds the same table; a perturbation is an offset into it (its slice of
+    num_params numbers)."""
     return torch.randn(size, generator=torch.Generator().manual_seed(seed))
 
 
 def mutate(params: torch.Tensor, noise: torch.Tensor, offset: int, sigma: float) -> torch.Tensor:
-    """psi(theta, tau) = theta + sigma * epsilon(tau), epsilon(tau) the noise table's slice at offset tau."""
-    return params + sigma * noise[offset:offset + params.numel()]
+    """psi(theta, tau) = theta + sigma * epsilon(tau), epsilon(tau) the noise table's slice at
+    offset tau."""
+    return params + sigma * noise[offset : offset + params.numel()]
 
 
 def params_from_seeds(policy: Policy, noise: torch.Tensor, seeds, sigma: float) -> torch.Tensor:
-    """Decode the compact encoding [tau_0, tau_1, ..., tau_g]: initialize from tau_0, then apply the mutations in
-    order. Workers use it only for individuals whose parent is not cached (at start and after a resume)."""
+    """Decode the compact encoding [tau_0, tau_1, ..., tau_g]: initialize from tau_0, then apply the
+    mutations in order. Workers use it only for individuals whose parent is not cached (at start and
+    after a resume)."""
     params = policy.init_params(torch.Generator().manual_seed(int(seeds[0])))
     for offset in seeds[1:]:
         params = mutate(params, noise, int(offset), sigma)
@@ -216,72 +228,113 @@ def params_from_seeds(policy: Policy, noise: torch.Tensor, seeds, sigma: float) 
 
 
 def make_generation(parents: list, seed: int, generation: int, population: int, table_size: int, dim: int) -> list:
-    """The seed lists of a generation, from random choices drawn from (seed, generation) alone, so every worker
-    makes the same ones. Generation 0: N fresh individuals [tau_0]. Later: N - 1 mutants, each a parent chosen
-    uniformly among the T parents with one new mutation offset appended (the encoding grows by one seed)."""
+    """The seed lists of a generation, from random choices drawn from (seed, generation) alone, so
+    every worker makes the same ones. Generation 0: N fresh individuals [tau_0]. Later: N - 1
+    mutants, each a parent chosen uniformly among the T parents with one new mutation offset
+    appended (the encoding grows by one seed)."""
     rng = np.random.default_rng([seed, generation])
     if generation == 0:
-        return [[int(tau)] for tau in rng.integers(0, 2 ** 31, size=population)]
+        return [[int(tau)] for tau in rng.integers(0, 2**31, size=population)]
     choice = rng.integers(0, len(parents), size=population - 1)
     offsets = rng.integers(0, table_size - dim + 1, size=population - 1)
-    return [parents[k] + [int(o)] for k, o in zip(choice, offsets)]
+    return [parents[k] + [int(o)] for k, o in zip(choice, offsets, strict=True)]
 
 
 def elite_candidates(individuals: list, fitness: np.ndarray, elite: Optional[list], num: int) -> list:
-    """The candidates for the elite: the previous elite (if any) first, then the best of the generation by
-    fitness (descending; ties by index), num in all."""
+    """The candidates for the elite: the previous elite (if any) first, then the best of the
+    generation by fitness (descending; ties by index), num in all."""
     order = np.argsort(-fitness, kind="stable")
-    best = [individuals[i] for i in order[:num - (elite is not None)]]
+    best = [individuals[i] for i in order[: num - (elite is not None)]]
     return ([elite] if elite is not None else []) + best
 
 
 def next_parents(individuals: list, fitness: np.ndarray, elite: list, truncation: int) -> list:
-    """Truncation selection: the elite, then the best of the generation other than the elite, T in all."""
+    """Truncation selection: the elite, then the best of the generation other than the elite, T in
+    all."""
     order = np.argsort(-fitness, kind="stable")
-    return [elite] + [individuals[i] for i in order if individuals[i] != elite][:truncation - 1]
+    return [elite] + [individuals[i] for i in order if individuals[i] != elite][: truncation - 1]
+
+
+def ga_update(progress: dict, individuals: list, fitness, candidates: list, candidate_returns, args: Args) -> int:
+    """One GA step from the generation's returns and the candidates' E episodes each (episode j:
+    candidate j // E): the elite is the candidate with the best mean (ties: the first, so a previous
+    elite that ties keeps its place), then truncation selection of the next parents. Updates
+    progress; returns the elite's index."""
+    scores = candidate_returns.reshape(len(candidates), args.elite_episodes).mean(1)
+    best = int(np.argmax(scores))
+    progress["elite"] = candidates[best]
+    progress["elite_score"] = float(scores[best])
+    progress["parents"] = next_parents(individuals, fitness, progress["elite"], args.truncation)
+    return best
 
 
 # ----------------------------------------------------------------------------------------------- roles
 def rollout_population(policy: Policy, params: torch.Tensor, env_id: str, seed: int, cap: int, num_threads: int = 1):
-    """One episode per row of params [P, num_params], all P at once: one envpool batch (env i seeded seed + i),
-    one batched forward pass per step. Returns returns [P] and lengths [P]."""
-    P = params.shape[0]
-    envs = make_env(env_id, P, seed, num_threads)
+    """One episode per row of params [P, num_params], all P at once: one envpool batch (env i seeded
+    seed + i), one batched forward pass per step. Returns returns [P] and lengths [P]."""
+    num_episodes = params.shape[0]
+    envs = make_env(env_id, num_episodes, seed, num_threads)
     obs, _ = envs.reset()
-    alive = np.ones(P, dtype=bool)
-    returns, lengths = np.zeros(P), np.zeros(P, dtype=np.int64)
+    alive = np.ones(num_episodes, dtype=bool)
+    returns = np.zeros(num_episodes)
+    lengths = np.zeros(num_episodes, dtype=np.int64)
     for _ in range(cap):
         with torch.no_grad():
             action = policy.act(params, torch.as_tensor(obs, dtype=torch.float32))
-        ids = np.flatnonzero(alive)  # step only the envs whose episode goes on (envpool steps a subset by id)
-        o, r, term, trunc, info = envs.step(action[ids], ids)
-        obs[info["env_id"]] = o
-        returns[info["env_id"]] += r
+        # step only the envs whose episode goes on (envpool steps a subset by id)
+        ids = np.flatnonzero(alive)
+        next_obs, reward, terminated, truncated, info = envs.step(action[ids], ids)
+        obs[info["env_id"]] = next_obs
+        returns[info["env_id"]] += reward
         lengths[ids] += 1
-        alive[info["env_id"]] = ~(term | trunc)
+        alive[info["env_id"]] = ~(terminated | truncated)
         if not alive.any():
             break
     envs.close()
     return returns, lengths
 
 
+def params_of(seeds: list, cache: dict, policy: Policy, noise: torch.Tensor, sigma: float) -> torch.Tensor:
+    """An individual's parameters: cached (a parent), one mutation of a cached parent, or decoded in
+    full."""
+    if tuple(seeds) in cache:
+        return cache[tuple(seeds)]
+    if tuple(seeds[:-1]) in cache:
+        return mutate(cache[tuple(seeds[:-1])], noise, int(seeds[-1]), sigma)
+    return params_from_seeds(policy, noise, seeds, sigma)
+
+
+def cache_parents(parents: list, cache: dict, policy: Policy, noise: torch.Tensor, sigma: float) -> dict:
+    """The parents' parameters by seed list, built from the previous generation's cache (one
+    mutation each)."""
+    return {tuple(parent): params_of(parent, cache, policy, noise, sigma) for parent in parents}
+
+
 def gathered_bytes(count: int, world: int) -> int:
-    """What run_episodes' all_gather hands every worker for `count` episodes: blocks of float64 rows padded alike."""
+    """What run_episodes' all_gather hands every worker for `count` episodes: blocks of float64 rows
+    padded alike."""
     return world * math.ceil(count / world) * 3 * 8
 
 
-def run_episodes(policy, params_of, count: int, seed: int, args: Args, cap: int, env_threads: int):
-    """Episodes 0..count-1 of a phase (episode j: parameters params_of(j), env seed `seed + j`), split over the
-    workers in contiguous blocks. Only (index, return, length) rows travel (all_gather); every worker gets the
-    returns and lengths of all episodes, in index order."""
-    per_rank = math.ceil(count / args.world_size)
-    lo, hi = min(args.rank * per_rank, count), min((args.rank + 1) * per_rank, count)
-    rows = torch.full((per_rank, 3), -1.0, dtype=torch.float64)  # padding rows keep index -1
-    if hi > lo:
-        rets, lens = rollout_population(policy, torch.stack([params_of(j) for j in range(lo, hi)]), args.env_id,
-                                        seed + lo, cap, env_threads)
-        rows[:hi - lo, 0] = torch.arange(lo, hi, dtype=torch.float64)
-        rows[:hi - lo, 1], rows[:hi - lo, 2] = torch.as_tensor(rets), torch.as_tensor(lens, dtype=torch.float64)
+def run_episodes(args: Args, policy: Policy, noise, cache: dict, individuals: list, seed: int, cap: int):
+    """Episodes 0..count-1 of a phase (episode j: the parameters of individuals[j], env seed
+    seed + j), split over the workers in contiguous blocks. Only (index, return, length) rows travel
+    (all_gather); every worker gets the returns and lengths of all episodes, in index order."""
+    count = len(individuals)
+    episodes_per_worker = math.ceil(count / args.world_size)
+    first = min(args.rank * episodes_per_worker, count)
+    end = min((args.rank + 1) * episodes_per_worker, count)
+    # padding rows keep index -1
+    rows = torch.full((episodes_per_worker, 3), -1.0, dtype=torch.float64)
+    # a worker may get no episode (more workers than episodes); envpool refuses an empty batch
+    if end > first:
+        block = [params_of(individuals[j], cache, policy, noise, args.sigma) for j in range(first, end)]
+        returns, lengths = rollout_population(
+            policy, torch.stack(block), args.env_id, seed + first, cap, args.env_threads
+        )
+        rows[: end - first, 0] = torch.arange(first, end, dtype=torch.float64)
+        rows[: end - first, 1] = torch.as_tensor(returns)
+        rows[: end - first, 2] = torch.as_tensor(lengths, dtype=torch.float64)
     if args.world_size > 1:
         gathered = [torch.empty_like(rows) for _ in range(args.world_size)]
         dist.all_gather(gathered, rows)
@@ -291,207 +344,405 @@ def run_episodes(policy, params_of, count: int, seed: int, args: Args, cap: int,
     return rows[:, 1].numpy(), rows[:, 2].numpy().astype(np.int64)
 
 
+def agree_to_stop(args: Args, stop: dict, rollout_time: float) -> tuple:
+    """One all_reduce: whether any worker received SIGTERM/SIGUSR1, and the workers' mean rollout
+    time."""
+    counters = torch.tensor([float(stop["signal"] != 0), rollout_time], dtype=torch.float64)
+    if args.world_size > 1:
+        dist.all_reduce(counters)
+    return bool(counters[0] > 0), float(counters[1]) / args.world_size
+
+
+def evaluate(args: Args, policy: Policy, theta: torch.Tensor) -> np.ndarray:
+    """The final elite for eval_episodes episodes (env seeds seed + 10**6 + i)."""
+    params = theta.expand(args.eval_episodes, theta.numel())
+    max_steps = envpool.make_spec(args.env_id).config.max_episode_steps
+    returns, _ = rollout_population(policy, params, args.env_id, args.seed + 10**6, max_steps, args.env_threads)
+    return returns
+
+
+# ----------------------------------------------------------------------------------------------- bookkeeping
+def process_start_time() -> float:
+    """When this process started (Linux /proc), so that startup_s also counts the imports."""
+    with open("/proc/self/stat") as stat:
+        start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as uptime:
+        uptime_s = float(uptime.read().split()[0])
+    return time.time() - uptime_s + start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def new_progress() -> dict:
+    """Everything a resumed run continues from; every time in it is a whole-run figure
+    (docs/conventions.md §1a). `update` counts generations. The GA adds its whole state: the
+    parents' and the elite's seed lists (a few hundred bytes, whatever the network's size) and the
+    elite's score."""
+    return {
+        "update": 0,
+        "global_step": 0,
+        "startup_s": 0.0,
+        "train_time_s": 0.0,
+        "wall_time_s": 0.0,
+        "time_to_threshold_s": None,
+        "threshold_step": None,
+        "recent_returns": deque(maxlen=20),
+        "parents": [],
+        "elite": None,
+        "elite_score": None,
+    }
+
+
+def start_clock(progress: dict) -> float:
+    """Training starts now: add this segment's start-up (process start to now) to the whole-run
+    times."""
+    now = time.time()
+    startup = now - process_start_time()
+    progress["startup_s"] += startup
+    progress["wall_time_s"] += startup
+    return now
+
+
+def advance_clock(progress: dict, since: float, training: bool = True) -> float:
+    """Add the time since `since` to the whole-run wall time (and training time); returns now."""
+    now = time.time()
+    progress["wall_time_s"] += now - since
+    if training:
+        progress["train_time_s"] += now - since
+    return now
+
+
+def record_returns(progress: dict, returns: list, threshold) -> None:
+    """Finished training episodes; the first time the last-20 mean reaches the threshold is kept."""
+    for episode_return in returns:
+        progress["recent_returns"].append(episode_return)
+        recent = progress["recent_returns"]
+        reached = threshold is not None and len(recent) == recent.maxlen and np.mean(recent) >= threshold
+        if reached and progress["time_to_threshold_s"] is None:
+            progress["time_to_threshold_s"] = progress["train_time_s"]
+            progress["threshold_step"] = progress["global_step"]
+
+
+def log_update(writer, progress: dict, finished: list, scalars: dict) -> None:
+    """TensorBoard points of one iteration: its finished episodes, then the named scalars. The GA
+    passes one (return, length) per generation, the population's means (docs/conventions.md §6)."""
+    step = progress["global_step"]
+    for episode_return, episode_length in finished:
+        writer.add_scalar("charts/episodic_return", episode_return, step)
+        writer.add_scalar("charts/episodic_length", episode_length, step)
+    for key, value in scalars.items():
+        writer.add_scalar(key, value, step)
+
+
+def print_progress(progress: dict, total_timesteps: int, last_print: float) -> float:
+    """A progress line at most every 2 s (and at the end); returns when one was last printed. The
+    loop runs to total_timesteps, so the line counts steps."""
+    now = time.time()
+    if now - last_print < 2.0 and progress["global_step"] < total_timesteps:
+        return last_print
+    recent = progress["recent_returns"]
+    mean_return = f"{np.mean(recent):.1f}" if recent else "n/a"
+    sps = progress["global_step"] / max(progress["train_time_s"], 1e-9)
+    print(
+        f"generation {progress['update']} global_step={progress['global_step']}/{total_timesteps} SPS={sps:.0f} "
+        f"return(last {len(recent)})={mean_return} elite={progress['elite_score']:.1f}",
+        flush=True,
+    )
+    return now
+
+
 def save_checkpoint(path: str, payload: dict) -> None:
-    """Atomic: write a temporary file beside the target, then rename over it."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    """Atomic: write a temporary file beside the target, then rename it over the target."""
+    payload = {**payload, "recent_returns": list(payload["recent_returns"])}
+    temporary = f"{path}.tmp{os.getpid()}"
+    torch.save(payload, temporary)
+    os.replace(temporary, path)
+
+
+def restore(args: Args, checkpoint_path: str) -> dict:
+    """A fresh progress dict, or with --resume and a checkpoint, the checkpoint's: the GA has no
+    model or optimizer apart from the seed lists in progress. Rank 0 reads the checkpoint and
+    broadcasts it: nodes need no shared filesystem. Episodes and mutations follow from (seed,
+    generation), so nothing else is needed."""
+    progress = new_progress()
+    shared = [None]
+    if args.resume and args.rank == 0 and os.path.exists(checkpoint_path):
+        shared = [torch.load(checkpoint_path, weights_only=True)]
+    if args.world_size > 1:
+        dist.broadcast_object_list(shared, 0)
+    checkpoint = shared[0]
+    if checkpoint is None:
+        return progress
+    recent_returns = checkpoint.pop("recent_returns")
+    progress.update(checkpoint)
+    progress["recent_returns"].extend(recent_returns)
+    return progress
+
+
+def install_stop_handlers(stop: Optional[dict] = None) -> dict:
+    """SIGTERM and SIGUSR1 (SLURM preemption) ask for a checkpoint at the end of the current
+    generation. Installed first thing in main(), and again by a forked worker on the dict it
+    inherits, so that a signal during start-up is kept, never fatal (exit 143)."""
+    stop = {"signal": 0} if stop is None else stop
+    for signal_number in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signal_number, lambda signum, frame: stop.update(signal=signum))
+    return stop
+
+
+def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
+    """TensorBoard (and wandb with --track); after a resume, points past the checkpoint's step are
+    dropped."""
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=asdict(args),
+            name=args.run_name,
+            id=args.run_name,
+            resume="allow",
+        )
+    # a resumed run drops the points an interrupted run logged past its checkpoint
+    purge_step = progress["global_step"] if progress["update"] else None
+    writer = SummaryWriter(run_dir, purge_step=purge_step)
+    table = "\n".join(f"|{key}|{value}|" for key, value in asdict(args).items())
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+    return writer
+
+
+def generation_scalars(args: Args, progress: dict, fitness: np.ndarray, stats: dict) -> dict:
+    """TensorBoard scalars of one generation, after its mean return and length."""
+    return {
+        "charts/episodic_return_max": fitness.max(),
+        "charts/elite_return": progress["elite_score"],
+        "charts/parents_return": float(np.sort(fitness)[::-1][: args.truncation].mean()),
+        "charts/SPS": progress["global_step"] / progress["train_time_s"],
+        "charts/encoding_length": len(progress["elite"]),
+        "stats/bytes_per_generation": stats["bytes_per_generation"],
+        "stats/parameter_bytes": float(stats["parameter_bytes"]),
+        "stats/rollout_time_s": stats["rollout_time_s"],
+        "stats/generation": progress["update"],
+    }
+
+
+def write_summary(args, policy, theta, writer, progress: dict, clock: float, run_dir, stats: dict):
+    """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with
+    --save-model, the weights."""
+    eval_returns = evaluate(args, policy, theta)
+    for episode, episode_return in enumerate(eval_returns):
+        writer.add_scalar("eval/episodic_return", episode_return, episode)
+    # the evaluation counts in wall time only
+    advance_clock(progress, clock, training=False)
+    recent = progress["recent_returns"]
+    # generation 0 has N individuals, every later one N - 1 mutants; each has C * E elite episodes
+    elite_episodes = args.elite_candidates * args.elite_episodes
+    episodes = progress["update"] * (args.population_size - 1 + elite_episodes) + 1
+    summary = {
+        "algo": "ga",
+        "env_id": args.env_id,
+        "seed": args.seed,
+        "world_size": args.world_size,
+        "global_step": progress["global_step"],
+        "generations": progress["update"],
+        "wall_time_s": progress["wall_time_s"],
+        "startup_s": progress["startup_s"],
+        "train_time_s": progress["train_time_s"],
+        "sps": progress["global_step"] / progress["train_time_s"],
+        "episodes_per_s": episodes / progress["train_time_s"],
+        "eval_return_mean": float(np.mean(eval_returns)),
+        "eval_return_std": float(np.std(eval_returns)),
+        "train_return_last20": float(np.mean(recent)) if recent else None,
+        "time_to_threshold_s": progress["time_to_threshold_s"],
+        "threshold_step": progress["threshold_step"],
+        "reward_threshold": envpool.make_spec(args.env_id).reward_threshold,
+        "num_params": theta.numel(),
+        "elite_score": progress["elite_score"],
+        "elite_seeds": progress["elite"],
+        # a generation after the first
+        "bytes_per_generation": gathered_bytes(args.population_size - 1, args.world_size)
+        + gathered_bytes(elite_episodes, args.world_size),
+        "parameter_bytes": stats["parameter_bytes"],
+        "theta_sha256": hashlib.sha256(theta.numpy().tobytes()).hexdigest(),
+    }
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    if args.save_model:
+        torch.save({"theta": theta, "seeds": progress["elite"]}, os.path.join(run_dir, "model.pt"))
+    print(
+        f"eval return {summary['eval_return_mean']:.1f} +- {summary['eval_return_std']:.1f}; "
+        f"time to threshold: {summary['time_to_threshold_s']}; summary in {run_dir}/summary.json",
+        flush=True,
+    )
 
 
 def available_cpus() -> int:
-    """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not the machine's
-    core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE)."""
-    return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # Linux, as /proc
+    """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not
+    the machine's core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE)."""
+    return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def setup_distributed(args: Args) -> None:
-    """torchrun (or spawn_workers) sets RANK/LOCAL_RANK/WORLD_SIZE: join the gloo group. Alone: world size 1."""
+    """torchrun (or spawn_workers) sets RANK/LOCAL_RANK/WORLD_SIZE: join the gloo group. Alone:
+    world size 1."""
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    args.rank, args.local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    args.rank = int(os.environ.get("RANK", "0"))
+    args.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if args.world_size > 1:
         dist.init_process_group("gloo", init_method="env://")
 
 
-def worker_entry(index: int, args: Args, num_workers: int, parent: int) -> None:
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the parent, whatever kills it
-    if os.getppid() != parent:  # the parent died before the line above
+def finish_distributed(args: Args) -> None:
+    if args.world_size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def worker_entry(index: int, args: Args, num_workers: int, parent: int, stop: dict) -> None:
+    # PR_SET_PDEATHSIG: die with the parent, whatever kills it
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    # from the start: a signal while main() sets up still ends in a checkpoint (and one the parent had is kept)
+    install_stop_handlers(stop)
+    # the parent died before the prctl above
+    if os.getppid() != parent:
         os._exit(1)
-    os.environ.update(RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(num_workers),
-                      LOCAL_WORLD_SIZE=str(num_workers))
+    os.environ.update(RANK=str(index), LOCAL_RANK=str(index))
+    os.environ.update(WORLD_SIZE=str(num_workers), LOCAL_WORLD_SIZE=str(num_workers))
     args.num_workers = 1
-    sys.exit(main(args) or None)  # None: a clean exit with code 0
+    # None: a clean exit with code 0
+    sys.exit(main(args, stop) or None)
 
 
-def spawn_workers(args: Args) -> int:
-    """`--num-workers K` without torchrun: fork K workers that form a gloo group on 127.0.0.1. If one dies, the
-    others are terminated and the job exits non-zero naming it. SIGTERM/SIGUSR1 are passed on to the workers."""
-    with socket.socket() as s:  # a free port for the group's rendezvous (torch's TCPStore), not a protocol
-        s.bind(("127.0.0.1", 0))
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
-    ctx = mp.start_processes(worker_entry, args=(args, args.num_workers, os.getpid()), nprocs=args.num_workers, join=False,
-                             start_method="fork")
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, lambda signum, frame: [os.kill(p.pid, signum) for p in ctx.processes if p.is_alive()])
+def forward_signal(stop: dict, workers: list, signum: int, frame=None) -> None:
+    """The parent's SIGTERM/SIGUSR1 handler: keep the signal and pass it on to the workers started
+    so far."""
+    stop["signal"] = signum
+    for worker in workers:
+        if worker.is_alive():
+            os.kill(worker.pid, signum)
+
+
+def spawn_workers(args: Args, stop: dict) -> int:
+    """`--num-workers K` without torchrun: fork K workers that form a gloo group on 127.0.0.1. If
+    one dies, the others are terminated and the job exits non-zero naming it. SIGTERM/SIGUSR1 are
+    passed on to the workers, also one that came before they existed (kept in `stop`)."""
+    # a free port for the group's rendezvous (torch's TCPStore), not a protocol
+    with socket.socket() as rendezvous:
+        rendezvous.bind(("127.0.0.1", 0))
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(rendezvous.getsockname()[1]))
+    workers = []
+    for signal_number in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signal_number, functools.partial(forward_signal, stop, workers))
+    context = mp.start_processes(
+        worker_entry,
+        args=(args, args.num_workers, os.getpid(), stop),
+        nprocs=args.num_workers,
+        join=False,
+        start_method="fork",
+    )
+    workers.extend(context.processes)
+    if stop["signal"]:
+        forward_signal(stop, workers, stop["signal"])
     try:
-        while not ctx.join(timeout=1.0):
+        while not context.join(timeout=1.0):
             pass
-    except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:  # it died, or raised (then e has its traceback)
-        print(f"{os.path.basename(sys.argv[0])}: error: worker {e.error_index} (pid {getattr(e, 'pid', '?')}): {e}; "
-              "the other workers were stopped", file=sys.stderr)
+    # it died, or raised (then the exception has its traceback)
+    except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:
+        print(
+            f"{os.path.basename(sys.argv[0])}: error: worker {e.error_index} (pid {getattr(e, 'pid', '?')}): {e}; "
+            "the other workers were stopped",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
 
-def main(args: Args) -> int:
-    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")  # envpool's spaces
+def main(args: Args, stop: Optional[dict] = None) -> int:
+    # first of all: a SIGTERM/SIGUSR1 during start-up ends in a checkpoint, not in exit 143
+    stop = install_stop_handlers(stop)
+    # envpool's spaces warn about it
+    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
     validate(args)
     if args.num_workers > 1:
-        return spawn_workers(args)
+        return spawn_workers(args, stop)
     setup_distributed(args)
-    rank, world = args.rank, args.world_size
     args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
     run_dir = os.path.join("runs", args.run_name)
-    ckpt_path = os.path.join(run_dir, "checkpoint.pt")
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
     torch.set_num_threads(args.torch_threads)
-    env_threads = args.env_threads or available_cpus()
-
+    args.env_threads = args.env_threads or available_cpus()
     spec = envpool.make_spec(args.env_id)
-    threshold, max_steps = spec.reward_threshold, spec.config.max_episode_steps
-    policy = Policy(spec.observation_space.shape[0], spec.action_space, args.hidden_sizes)
-    dim, N, C, E = policy.num_params, args.population_size, args.elite_candidates, args.elite_episodes
-    noise = noise_table(args.seed + 2**32, args.noise_table_size)  # its own stream, apart from the weights' (seed)
+    threshold = spec.reward_threshold
+    max_steps = spec.config.max_episode_steps
+    obs_dim = spec.observation_space.shape[0]
+    policy = Policy(obs_dim, spec.action_space, args.hidden_sizes)
+    dim = policy.num_params
     cap = args.episode_cap or max_steps
-    # An individual is its seed list. parents / elite are all the state there is; `cache` maps the seed lists of
-    # the current parents to their parameters, so that building a child is one mutation.
-    parents, elite, elite_score, cache = [], None, None, {}
-    generation, global_step, wall_before, time_to_threshold, threshold_step = 0, 0, 0.0, None, None
-    episodes = 0  # run in this process (a resumed run counts from its restart)
-    recent = deque(maxlen=20)
-    # Rank 0 reads the checkpoint and sends it to the other ranks: nodes need no shared filesystem.
-    box = [torch.load(ckpt_path, weights_only=True) if args.resume and rank == 0 and os.path.exists(ckpt_path) else None]
-    if world > 1:
-        dist.broadcast_object_list(box, 0)
-    ckpt = box[0]
-    if ckpt is not None:
-        parents, elite, elite_score, generation = ckpt["parents"], ckpt["elite"], ckpt["elite_score"], ckpt["generation"]
-        global_step, wall_before = ckpt["global_step"], ckpt["wall_time_s"]
-        time_to_threshold, threshold_step = ckpt["time_to_threshold_s"], ckpt["threshold_step"]
-        recent.extend(ckpt["recent_returns"])
-
-    def get_params(seeds: list) -> torch.Tensor:
-        if tuple(seeds) in cache:
-            return cache[tuple(seeds)]
-        if tuple(seeds[:-1]) in cache:
-            return mutate(cache[tuple(seeds[:-1])], noise, int(seeds[-1]), args.sigma)
-        return params_from_seeds(policy, noise, seeds, args.sigma)
-
-    def checkpoint():  # seed lists and counters: a few hundred bytes, whatever the network's size
-        save_checkpoint(ckpt_path, dict(parents=parents, elite=elite, elite_score=elite_score, generation=generation,
-                        global_step=global_step, wall_time_s=wall_before + time.time() - train_start,
-                        time_to_threshold_s=time_to_threshold, threshold_step=threshold_step, recent_returns=list(recent)))
-
-    writer = None
-    if rank == 0:
-        from torch.utils.tensorboard import SummaryWriter
-        if args.track:
-            import wandb
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=asdict(args), name=args.run_name, id=args.run_name, resume="allow")
-        writer = SummaryWriter(run_dir)
-        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
-
-    stop = {"signal": 0}
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, lambda signum, frame: stop.update(signal=signum))
-
-    train_start, last_print, steps_at_start, sps = time.time(), 0.0, global_step, 0.0
-    while global_step < args.total_timesteps:
-        if rank == 0 and args.checkpoint_every and generation % args.checkpoint_every == 0 and global_step > steps_at_start:
-            checkpoint()
-        t0 = time.time()
-        cache = {tuple(p): get_params(p) for p in parents}
-        # 1. The generation: N fresh individuals at first, then N - 1 mutants of uniformly chosen parents.
-        individuals = make_generation(parents, args.seed, generation, N, args.noise_table_size, dim)
-        fitness, lengths = run_episodes(policy, lambda j: get_params(individuals[j]), len(individuals),
-                                        env_seed(args, generation, 0), args, cap, env_threads)
-        # 2. The elite: the candidates' mean return over E more episodes each (episode j: candidate j // E).
-        candidates = elite_candidates(individuals, fitness, elite, C)
-        cand_params = [get_params(c) for c in candidates]
-        cand_returns, cand_lengths = run_episodes(
-            policy, lambda j: cand_params[j // E], len(candidates) * E, env_seed(args, generation, N), args,
-            cap, env_threads)  # the same episode cap as the mutants (as in Uber's code)
-        scores = cand_returns.reshape(len(candidates), E).mean(1)
-        best = int(np.argmax(scores))  # ties: the first, so a previous elite that ties keeps its place
-        elite, elite_score = candidates[best], float(scores[best])
-        # 3. Truncation selection: the elite and the best T - 1 others are the next generation's parents.
-        parents = next_parents(individuals, fitness, elite, args.truncation)
-        global_step += int(lengths.sum() + cand_lengths.sum())
-        generation += 1
-        episodes += len(individuals) + len(candidates) * E
-        rollout_time = time.time() - t0
-
-        counters = torch.tensor([float(stop["signal"] != 0), rollout_time], dtype=torch.float64)
-        if world > 1:
-            dist.all_reduce(counters)
-        # Training return for the threshold: the elite's re-evaluation episodes (the policy the GA returns),
-        # not the mutants, which are exploration (their mean is logged as charts/episodic_return).
-        for ret in cand_returns[best * E:(best + 1) * E]:
-            recent.append(float(ret))
-            if threshold is not None and time_to_threshold is None and len(recent) == 20 and np.mean(recent) >= threshold:
-                time_to_threshold, threshold_step = time.time() - PROCESS_START, global_step
-        if rank == 0:
-            now = time.time()
-            sps = global_step / (wall_before + now - train_start)  # whole run
-            scalars = {"charts/episodic_return": fitness.mean(), "charts/episodic_length": lengths.mean(),
-                       "charts/episodic_return_max": fitness.max(), "charts/elite_return": elite_score,
-                       "charts/parents_return": float(np.sort(fitness)[::-1][:args.truncation].mean()),
-                       "charts/SPS": sps, "charts/encoding_length": len(elite),
-                       "stats/bytes_per_generation": gathered_bytes(len(individuals), world) + gathered_bytes(C * E, world),
-                       "stats/parameter_bytes": float(dim * 4 * N), "stats/rollout_time_s": float(counters[1]) / world,
-                       "stats/generation": generation}
-            for key, value in scalars.items():
-                writer.add_scalar(key, value, global_step)
-            if now - last_print > 2.0 or global_step >= args.total_timesteps:
-                last_print = now
-                print(f"generation {generation} global_step={global_step} SPS={sps:.0f} return mean={fitness.mean():.1f} "
-                      f"max={fitness.max():.1f} elite={elite_score:.1f} (last 20: {np.mean(recent):.1f})", flush=True)
-        if counters[0] > 0:  # SIGTERM/SIGUSR1 on some worker (SLURM preemption): save, then exit cleanly
-            if rank == 0:
-                checkpoint()
-                print(f"signal received: checkpoint of generation {generation} written to {ckpt_path}; "
-                      "rerun with --resume to continue", flush=True)
+    # its own stream, apart from the weights' (seed)
+    noise = noise_table(args.seed + 2**32, args.noise_table_size)
+    # An individual is its seed list; the parents and the elite (in progress) are all the state there is. `cache`
+    # maps the seed lists of the current parents to their parameters, so that building a child is one mutation.
+    cache = {}
+    progress = restore(args, checkpoint_path)
+    writer = open_writer(args, run_dir, progress) if args.rank == 0 else None
+    stats = {"parameter_bytes": dim * 4 * args.population_size}
+    last_print = 0.0
+    clock = start_clock(progress)
+    while progress["global_step"] < args.total_timesteps:
+        # COLLECT: one episode for each individual (N fresh ones at first, then N - 1 mutants of uniformly chosen
+        # parents), then E more for each elite candidate (with the mutants' episode cap, as in Uber's code)
+        collect_start = time.time()
+        generation = progress["update"]
+        cache = cache_parents(progress["parents"], cache, policy, noise, args.sigma)
+        individuals = make_generation(
+            progress["parents"], args.seed, generation, args.population_size, args.noise_table_size, dim
+        )
+        seed = env_seed(args, generation, 0)
+        fitness, lengths = run_episodes(args, policy, noise, cache, individuals, seed, cap)
+        candidates = elite_candidates(individuals, fitness, progress["elite"], args.elite_candidates)
+        candidate_episodes = [candidate for candidate in candidates for _ in range(args.elite_episodes)]
+        seed = env_seed(args, generation, args.population_size)
+        candidate_returns, candidate_lengths = run_episodes(args, policy, noise, cache, candidate_episodes, seed, cap)
+        stats["rollout_time_s"] = time.time() - collect_start
+        # LEARN: the elite (the candidate with the best mean) and truncation selection of the next parents
+        best = ga_update(progress, individuals, fitness, candidates, candidate_returns, args)
+        table_bytes = gathered_bytes(len(individuals), args.world_size)
+        stats["bytes_per_generation"] = table_bytes + gathered_bytes(len(candidate_episodes), args.world_size)
+        # BOOKKEEPING: clocks, the elite's episodes, logs, checkpoints (rank 0)
+        progress["update"] += 1
+        progress["global_step"] += int(lengths.sum() + candidate_lengths.sum())
+        clock = advance_clock(progress, clock)
+        stopping, stats["rollout_time_s"] = agree_to_stop(args, stop, stats["rollout_time_s"])
+        # the elite's re-evaluation episodes (the policy the GA returns), not the mutants, which are exploration
+        best_episodes = slice(best * args.elite_episodes, (best + 1) * args.elite_episodes)
+        record_returns(progress, candidate_returns[best_episodes].tolist(), threshold)
+        if args.rank == 0:
+            population_means = [(fitness.mean(), lengths.mean())]
+            scalars = generation_scalars(args, progress, fitness, stats)
+            log_update(writer, progress, population_means, scalars)
+            last_print = print_progress(progress, args.total_timesteps, last_print)
+            every = args.checkpoint_every
+            if stopping or (every and progress["update"] % every == 0):
+                save_checkpoint(checkpoint_path, progress)
+        if stopping:
+            # SIGTERM/SIGUSR1 on some worker (SLURM preemption): saved above, exit cleanly
+            if args.rank == 0:
+                print(
+                    f"signal received: checkpoint of generation {progress['update']} written to {checkpoint_path}; "
+                    "rerun with --resume to continue",
+                    flush=True,
+                )
             break
     else:
-        if rank == 0:
-            wall = wall_before + time.time() - train_start
-            theta = get_params(elite)
-            eval_returns, _ = rollout_population(policy, theta.expand(args.eval_episodes, dim), args.env_id,
-                                                 args.seed + 10**6, max_steps, env_threads)
-            for i, r in enumerate(eval_returns):
-                writer.add_scalar("eval/episodic_return", r, i)
-            summary = {"algo": "ga", "env_id": args.env_id, "seed": args.seed, "world_size": world,
-                       "global_step": global_step, "generations": generation, "wall_time_s": time.time() - PROCESS_START,
-                       "episodes_per_s": episodes / (time.time() - train_start), "sps": global_step / wall, "train_time_s": wall,
-                       "eval_return_mean": float(np.mean(eval_returns)), "eval_return_std": float(np.std(eval_returns)),
-                       "train_return_last20": float(np.mean(recent)) if recent else None,
-                       "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step,
-                       "reward_threshold": threshold, "num_params": dim, "elite_score": elite_score, "elite_seeds": elite,
-                       "bytes_per_generation": gathered_bytes(N - 1, world) + gathered_bytes(C * E, world),  # after the first
-                       "parameter_bytes": dim * 4 * N, "theta_sha256": hashlib.sha256(theta.numpy().tobytes()).hexdigest()}
-            with open(os.path.join(run_dir, "summary.json"), "w") as f:
-                json.dump(summary, f, indent=2)
-            if args.save_model:
-                save_checkpoint(os.path.join(run_dir, "model.pt"), {"theta": theta, "seeds": elite})
-            print(f"eval return {summary['eval_return_mean']:.1f} +- {summary['eval_return_std']:.1f}; "
-                  f"time to threshold: {time_to_threshold}; summary in {run_dir}/summary.json", flush=True)
+        if args.rank == 0:
+            theta = params_of(progress["elite"], cache, policy, noise, args.sigma)
+            write_summary(args, policy, theta, writer, progress, clock, run_dir, stats)
     if writer is not None:
         writer.close()
         if args.track:
             import wandb
+
             wandb.finish()
-    if world > 1:
-        dist.barrier()
-        dist.destroy_process_group()
+    finish_distributed(args)
     return 0
 
 

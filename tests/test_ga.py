@@ -1,14 +1,27 @@
 """Deep GA: the seed-list encoding, selection and the elite against slow references, worker-count invariance,
 and whole runs."""
+
 import hashlib
+import os
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-
-from conftest import (kill_parent, SUMMARY_KEYS, assert_bad_argument, assert_same_result, assert_solves, bad_cases, check_ok, kill_one_worker,
-                      load_algo, sigterm_and_resume)
+from conftest import (
+    SUMMARY_KEYS,
+    assert_bad_argument,
+    assert_same_result,
+    assert_solves,
+    bad_cases,
+    check_ok,
+    descendants,
+    kill_one_worker,
+    kill_parent,
+    load_algo,
+    sigterm_and_resume,
+    wait_for,
+)
 
 ga = load_algo("ga")
 ENV = "CartPole-v1"
@@ -18,7 +31,7 @@ SIGMA = 0.05
 @pytest.fixture(scope="module")
 def setup():
     policy = ga.Policy(4, gym.spaces.Discrete(2), (16, 16))
-    return policy, ga.noise_table(0, 2 ** 16)
+    return policy, ga.noise_table(0, 2**16)
 
 
 # ------------------------------------------------------------------------------------------ pure functions
@@ -37,8 +50,12 @@ def test_params_from_seed_list_equal_step_by_step_mutation(setup):
 
 def test_different_seeds_give_different_individuals(setup):
     policy, noise = setup
-    assert not torch.equal(ga.params_from_seeds(policy, noise, [1], SIGMA), ga.params_from_seeds(policy, noise, [2], SIGMA))
-    assert not torch.equal(ga.params_from_seeds(policy, noise, [1, 5], SIGMA), ga.params_from_seeds(policy, noise, [1, 6], SIGMA))
+    assert not torch.equal(
+        ga.params_from_seeds(policy, noise, [1], SIGMA), ga.params_from_seeds(policy, noise, [2], SIGMA)
+    )
+    assert not torch.equal(
+        ga.params_from_seeds(policy, noise, [1, 5], SIGMA), ga.params_from_seeds(policy, noise, [1, 6], SIGMA)
+    )
 
 
 def test_encoding_grows_by_one_seed_per_generation(setup):
@@ -54,7 +71,9 @@ def test_encoding_grows_by_one_seed_per_generation(setup):
         fitness = np.random.default_rng(generation).normal(size=len(individuals))
         elite = ga.elite_candidates(individuals, fitness, None, 3)[0]
         parents = ga.next_parents(individuals, fitness, elite, 4)
-    assert ga.make_generation(parents, 1, 5, 12, noise.numel(), 10) == ga.make_generation(parents, 1, 5, 12, noise.numel(), 10)
+    assert ga.make_generation(parents, 1, 5, 12, noise.numel(), 10) == ga.make_generation(
+        parents, 1, 5, 12, noise.numel(), 10
+    )
 
 
 def test_truncation_selection_and_elite_candidates():
@@ -73,7 +92,7 @@ def test_elite_survives_unchanged(runner):
     check_ok(runner.run("ga", "--total-timesteps", 150_000, "--eval-episodes", 2, "--exp-name", "a"))
     a = runner.summary(ENV, "a")
     policy = ga.Policy(4, gym.spaces.Discrete(2), (64, 64))
-    theta = ga.params_from_seeds(policy, ga.noise_table(1 + 2**32, 2 ** 24), a["elite_seeds"], ga.Args().sigma)
+    theta = ga.params_from_seeds(policy, ga.noise_table(1 + 2**32, 2**24), a["elite_seeds"], ga.Args().sigma)
     assert hashlib.sha256(theta.numpy().tobytes()).hexdigest() == a["theta_sha256"]
     check_ok(runner.run("ga", "--total-timesteps", 300_000, "--eval-episodes", 2, "--exp-name", "b"))
     b = runner.summary(ENV, "b")
@@ -85,8 +104,25 @@ def test_elite_survives_unchanged(runner):
 
 # ------------------------------------------------------------------------------------------ whole runs
 def test_smoke_torchrun_two_workers(runner):
-    check_ok(runner.run("ga", "--total-timesteps", 2000, "--population-size", 8, "--truncation", 3,
-                        "--elite-candidates", 2, "--elite-episodes", 3, "--eval-episodes", 2, "--save-model", nproc=2))
+    check_ok(
+        runner.run(
+            "ga",
+            "--total-timesteps",
+            2000,
+            "--population-size",
+            8,
+            "--truncation",
+            3,
+            "--elite-candidates",
+            2,
+            "--elite-episodes",
+            3,
+            "--eval-episodes",
+            2,
+            "--save-model",
+            nproc=2,
+        )
+    )
     s = runner.summary(ENV, "ga")
     assert SUMMARY_KEYS <= s.keys() and s["algo"] == "ga" and s["world_size"] == 2 and s["global_step"] >= 2000
     # per generation after the first: 7 mutants and 2 x 3 elite episodes, each table padded to 2 equal blocks
@@ -124,8 +160,18 @@ def test_an_individual_gets_the_same_bits_alone_and_in_a_batch(obs_dim, actions)
 def test_one_row_blocks_and_empty_workers_change_nothing(runner):
     """4 workers: the 13 individuals split 4, 4, 4, 1 (a one-row block, which baddbmm alone computes with other
     low bits) and the 6 elite episodes 2, 2, 2, 0 (an empty worker); the result is that of 1 worker."""
-    small = ["--total-timesteps", 8_000, "--population-size", 13, "--truncation", 3, "--elite-candidates", 2,
-             "--elite-episodes", 3]
+    small = [
+        "--total-timesteps",
+        8_000,
+        "--population-size",
+        13,
+        "--truncation",
+        3,
+        "--elite-candidates",
+        2,
+        "--elite-episodes",
+        3,
+    ]
     check_ok(runner.run("ga", *small, "--exp-name", "one"))
     check_ok(runner.run("ga", *small, "--exp-name", "four", "--num-workers", 4))
     assert_same_result(runner.summary(ENV, "one"), runner.summary(ENV, "four"))
@@ -133,8 +179,25 @@ def test_one_row_blocks_and_empty_workers_change_nothing(runner):
 
 def test_elite_episodes_obey_the_episode_cap(runner):
     """A CartPole episode lasts at least 8 steps, so with a cap of 5 every episode, mutant or elite, is 5 steps."""
-    check_ok(runner.run("ga", "--total-timesteps", 1_000, "--population-size", 8, "--truncation", 2,
-                        "--elite-candidates", 2, "--elite-episodes", 2, "--episode-cap", 5, "--eval-episodes", 1))
+    check_ok(
+        runner.run(
+            "ga",
+            "--total-timesteps",
+            1_000,
+            "--population-size",
+            8,
+            "--truncation",
+            2,
+            "--elite-candidates",
+            2,
+            "--elite-episodes",
+            2,
+            "--episode-cap",
+            5,
+            "--eval-episodes",
+            1,
+        )
+    )
     s = runner.summary(ENV, "ga")
     assert s["elite_score"] == 5.0 and s["global_step"] % 5 == 0  # the elite's mean return is its mean length
 
@@ -144,13 +207,43 @@ def test_killed_parent_leaves_no_worker_behind(runner):
 
 
 def test_mujoco_continuous_actions_run(runner):
-    check_ok(runner.run("ga", "--env-id", "Hopper-v4", "--total-timesteps", 500, "--population-size", 4,
-                        "--truncation", 2, "--elite-candidates", 2, "--elite-episodes", 2, "--eval-episodes", 1))
+    check_ok(
+        runner.run(
+            "ga",
+            "--env-id",
+            "Hopper-v4",
+            "--total-timesteps",
+            500,
+            "--population-size",
+            4,
+            "--truncation",
+            2,
+            "--elite-candidates",
+            2,
+            "--elite-episodes",
+            2,
+            "--eval-episodes",
+            1,
+        )
+    )
     assert runner.summary("Hopper-v4", "ga")["global_step"] >= 500
 
 
 def test_sigterm_checkpoint_and_resume_equal_uninterrupted(runner):  # decodes the parents from their seed lists
     sigterm_and_resume(runner, "ga", ENV, "--total-timesteps", 1_000_000, "--eval-episodes", 2, "--elite-episodes", 10)
+
+
+def test_sigterm_while_the_workers_start_ends_in_a_checkpoint(runner):
+    """SIGTERM the moment the workers are forked, while they set up: the handlers are installed before the fork
+    (and kept by the workers), so the job writes a checkpoint after one generation and exits 0, not 143."""
+    import signal
+
+    proc = runner.start("ga", "--total-timesteps", 10**8, "--num-workers", 2)
+    assert wait_for(lambda: descendants(proc.pid), 60, interval=0.001)
+    os.kill(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "checkpoint" in out, out
+    assert (runner.run_dir(ENV, "ga") / "checkpoint.pt").exists()
 
 
 def test_dead_worker_ends_job_quickly_without_orphans(runner):
