@@ -8,6 +8,7 @@ applies it to the shared parameters without any lock (Hogwild). One node by natu
   python algos/a3c.py                                  # one worker per CPU this process may use, CartPole-v1
   python algos/a3c.py --num-workers 1                  # the reproducible reference (bitwise repeatable)
 """
+
 import ctypes
 import json
 import math
@@ -16,37 +17,19 @@ import queue
 import signal
 import sys
 import time
-import types
 import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Optional
 
-
-def process_start_time() -> float:
-    """Wall-clock time at which this process started (Linux /proc), so start-up and imports are counted."""
-    try:
-        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
-            ticks, up = int(stat.read().rsplit(")", 1)[1].split()[19]), float(uptime.read().split()[0])
-        return time.time() - up + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return time.time()
-
-
-PROCESS_START = process_start_time()
-
-# `import envpool` registers every env family it ships. Four of them cost ~0.6 s of start-up (jumanji's alone
-# imports matplotlib) and have no environment this file can train on; their registration is skipped.
-if "envpool" not in sys.modules:
-    for _name in ("jumanji", "pgx", "mujoco.dmc", "mujoco.playground"):
-        sys.modules[f"envpool.{_name}.registration"] = types.ModuleType(f"envpool.{_name}.registration")
-import envpool  # noqa: E402
-import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import tyro  # noqa: E402
+import envpool
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+import torch.nn as nn
+import tyro
+from torch.utils.tensorboard import SummaryWriter
 
 
 @dataclass
@@ -81,7 +64,8 @@ class Args:
     torch_threads: int = 1  # torch threads per worker
     # --- distributed ---
     num_workers: int = 0  # Hogwild worker processes (0: the CPUs this process may use, at most 4; see docs)
-    checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many shared updates (0: on signals only)
+    # write runs/<run_name>/checkpoint.pt every this many shared updates (0: on signals only)
+    checkpoint_every: int = 0
     resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
@@ -97,10 +81,20 @@ def fail(arg: str, message: str) -> None:
 
 
 def validate(args: Args) -> None:
-    if not 0 <= args.seed < 2**30:  # env seeds add offsets to it and must stay 32-bit
+    # env seeds add offsets to the seed and must stay 32-bit
+    if not 0 <= args.seed < 2**30:
         fail("seed", f"must be in [0, 2**30), got {args.seed}")
-    for name in ["total_timesteps", "t_max", "num_envs", "eval_episodes", "learning_rate", "rmsprop_eps", "adam_eps",
-                 "torch_threads"]:
+    positive = [
+        "total_timesteps",
+        "t_max",
+        "num_envs",
+        "eval_episodes",
+        "learning_rate",
+        "rmsprop_eps",
+        "adam_eps",
+        "torch_threads",
+    ]
+    for name in positive:
         if getattr(args, name) <= 0:
             fail(name, f"must be positive, got {getattr(args, name)}")
     for name in ["num_workers", "checkpoint_every", "ent_coef", "vf_coef", "max_grad_norm"]:
@@ -114,28 +108,39 @@ def validate(args: Args) -> None:
     if args.env_id not in envpool.list_all_envs():
         fail("env_id", f"'{args.env_id}' is not an envpool environment")
     spec = envpool.make_spec(args.env_id)
-    obs_space, act_space = spec.observation_space, spec.action_space
+    obs_space = spec.observation_space
+    action_space = spec.action_space
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
         fail("env_id", f"'{args.env_id}' has observation space {obs_space}; A3C here needs a flat or image Box")
-    if not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(act_space.shape) > 1:
-        fail("env_id", f"'{args.env_id}' has action space {act_space}; A3C here needs Discrete or 1-D Box")
+    if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(action_space.shape) > 1:
+        fail("env_id", f"'{args.env_id}' has action space {action_space}; A3C here needs Discrete or 1-D Box")
     if args.capture_video and len(obs_space.shape) != 3:
         fail("capture_video", "frames are saved for Atari (image) environments only")
 
 
 # ----------------------------------------------------------------------------------------------- environment
 def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, **kwargs):
-    """An envpool batch. Env i of the batch is seeded with seed + i. Atari gets DeepMind preprocessing."""
+    """An envpool batch. Env i of the batch is seeded with seed + i. Atari gets DeepMind
+    preprocessing."""
     extra = {}
-    if len(envpool.make_spec(env_id).observation_space.shape) == 3:  # Atari: 84x84 grey, 4 stacked, skip 4
+    # Atari: 84x84 grey, 4 stacked, skip 4
+    if len(envpool.make_spec(env_id).observation_space.shape) == 3:
         extra = dict(episodic_life=True, reward_clip=True, noop_max=30, repeat_action_probability=0.0)
     extra.update(kwargs)
-    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_threads=num_threads,
-                        thread_affinity_offset=-1, **extra)
+    return envpool.make(
+        env_id,
+        env_type="gymnasium",
+        num_envs=num_envs,
+        seed=seed,
+        num_threads=num_threads,
+        thread_affinity_offset=-1,
+        **extra,
+    )
 
 
 def env_seed(args: Args, worker: int, segment: int) -> int:
-    """Seed of env 0 of `worker` in run segment `segment` (0, then one more per resume): distinct for every env."""
+    """Seed of env 0 of `worker` in run segment `segment` (0, then one more per resume): distinct
+    for every env."""
     return args.seed + (segment * args.num_workers + worker) * args.num_envs
 
 
@@ -147,50 +152,77 @@ def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -
 
 
 def mlp(n_in: int, n_out: int, out_std: float) -> nn.Module:
-    return nn.Sequential(layer_init(nn.Linear(n_in, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
-                         layer_init(nn.Linear(64, n_out), out_std))
+    return nn.Sequential(
+        layer_init(nn.Linear(n_in, 64)),
+        nn.Tanh(),
+        layer_init(nn.Linear(64, 64)),
+        nn.Tanh(),
+        layer_init(nn.Linear(64, n_out), out_std),
+    )
 
 
 class Agent(nn.Module):
-    """Actor-critic: 64-64 tanh MLP heads (vectors) or a Nature-CNN torso with linear heads (images), an optional LSTM
-    core; softmax policy (Discrete) or Gaussian with state-independent log-std (Box). Inputs have a time axis."""
+    """Actor-critic: 64-64 tanh MLP heads (vectors) or a Nature-CNN torso with linear heads
+    (images), an optional LSTM core; softmax policy (Discrete) or Gaussian with state-independent
+    log-std (Box). Inputs have a time axis."""
 
     def __init__(self, obs_shape, action_space, use_lstm: bool = False):
         super().__init__()
-        self.image, self.continuous = len(obs_shape) == 3, isinstance(action_space, gym.spaces.Box)
+        self.image = len(obs_shape) == 3
+        self.continuous = isinstance(action_space, gym.spaces.Box)
         n_out = int(np.prod(action_space.shape)) if self.continuous else int(action_space.n)
         if self.image:
-            self.torso, width = nn.Sequential(
-                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)), nn.ReLU(),
-                layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-                layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten(),
-                layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU()), 512
+            self.torso = nn.Sequential(
+                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)),
+                nn.ReLU(),
+                layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+                nn.ReLU(),
+                layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+                nn.ReLU(),
+                nn.Flatten(),
+                layer_init(nn.Linear(64 * 7 * 7, 512)),
+                nn.ReLU(),
+            )
+            width = 512
         else:
-            self.torso, width = nn.Identity(), int(np.prod(obs_shape))
+            self.torso = nn.Identity()
+            width = int(np.prod(obs_shape))
         self.core = nn.LSTMCell(width, 256 if self.image else 64) if use_lstm else None
         width = self.core.hidden_size if use_lstm else width
-        head = (lambda n, std: layer_init(nn.Linear(width, n), std)) if self.image else (lambda n, std: mlp(width, n, std))
-        self.actor, self.critic = head(n_out, 0.01), head(1, 1.0)
+        if self.image:
+            self.actor = layer_init(nn.Linear(width, n_out), 0.01)
+            self.critic = layer_init(nn.Linear(width, 1), 1.0)
+        else:
+            self.actor = mlp(width, n_out, 0.01)
+            self.critic = mlp(width, 1, 1.0)
         if self.continuous:
             self.actor_logstd = nn.Parameter(torch.zeros(n_out))
 
-    def initial_state(self, n: int) -> torch.Tensor:  # zero LSTM state (h, c) as [2, n, width]; empty without LSTM
+    def initial_state(self, n: int) -> torch.Tensor:
+        """The zero LSTM state (h, c) as [2, n, width]; empty without an LSTM."""
         return torch.zeros(2, n, self.core.hidden_size if self.core is not None else 0)
 
     def forward(self, obs: torch.Tensor, valid: torch.Tensor, state: torch.Tensor):
-        """obs [T, N, ...], valid [T, N] (0 on envpool's reset steps: the LSTM state restarts from zero there),
-        state [2, N, H] -> policy outputs [T, N, A], values [T, N], state after the last step."""
+        """obs [T, N, ...], valid [T, N] (0 on envpool's reset steps: the LSTM state restarts from
+        zero there), state [2, N, H] -> policy outputs [T, N, A], values [T, N], state after the
+        last step."""
         T, N = obs.shape[:2]
         x = obs.reshape((T * N,) + obs.shape[2:]).float()
         h = self.torso(x / 255.0 if self.image else x)
         if self.core is not None:
-            h, outs, (hx, cx) = h.view(T, N, -1), [], (state[0], state[1])
+            h = h.view(T, N, -1)
+            hx = state[0]
+            cx = state[1]
+            outs = []
             for t in range(T):
                 hx, cx = self.core(h[t], (hx, cx))
                 outs.append(hx)
-                keep = valid[t].unsqueeze(-1)  # after a reset step the next episode starts from the zero state
-                hx, cx = hx * keep, cx * keep
-            h, state = torch.stack(outs).view(T * N, -1), torch.stack([hx, cx])
+                # after a reset step the next episode starts from the zero state
+                keep = valid[t].unsqueeze(-1)
+                hx = hx * keep
+                cx = cx * keep
+            h = torch.stack(outs).view(T * N, -1)
+            state = torch.stack([hx, cx])
         return self.actor(h).view(T, N, -1), self.critic(h).view(T, N), state
 
     def logprob_entropy(self, out: torch.Tensor, actions: torch.Tensor):
@@ -198,156 +230,351 @@ class Agent(nn.Module):
         if self.continuous:
             std = self.actor_logstd.exp()
             logp = (-0.5 * ((actions - out) / std) ** 2 - std.log() - 0.5 * math.log(2 * math.pi)).sum(-1)
-            return logp, (0.5 + 0.5 * math.log(2 * math.pi) + self.actor_logstd).sum().expand(out.shape[:-1])
+            entropy = (0.5 + 0.5 * math.log(2 * math.pi) + self.actor_logstd).sum().expand(out.shape[:-1])
+            return logp, entropy
         logp_all = torch.log_softmax(out, dim=-1)
         return logp_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
 
 
 # ----------------------------------------------------------------------------------------------- algorithm
 def nstep_returns(rewards, values, bootstrap, terms, dones, gamma: float):
-    """The paper's n-step returns over a [T, N] segment, R_t = r_t + gamma R_{t+1}, R_T = V(s_T) = bootstrap. A termination
-    stops the bootstrap; a truncation bootstraps from envpool's final observation (values[t + 1], or bootstrap)."""
-    returns, acc = torch.zeros_like(rewards), bootstrap
-    for t in reversed(range(rewards.shape[0])):
-        v_next = bootstrap if t == rewards.shape[0] - 1 else values[t + 1]
-        nxt = dones[t] * v_next + (1.0 - dones[t]) * acc  # an episode ended at t: do not reach into the next one
-        returns[t] = acc = rewards[t] + gamma * (1.0 - terms[t]) * nxt
+    """The paper's n-step returns over a [T, N] segment, R_t = r_t + gamma R_{t+1}, R_T = V(s_T) =
+    bootstrap. A termination stops the bootstrap; a truncation bootstraps from envpool's final
+    observation (values[t + 1], or bootstrap)."""
+    T = rewards.shape[0]
+    returns = torch.zeros_like(rewards)
+    R = bootstrap
+    for t in reversed(range(T)):
+        v_next = bootstrap if t == T - 1 else values[t + 1]
+        # an episode ended at t: do not reach into the next one
+        R_next = dones[t] * v_next + (1.0 - dones[t]) * R
+        R = rewards[t] + gamma * (1.0 - terms[t]) * R_next
+        returns[t] = R
     return returns
 
 
 def a3c_loss(agent: Agent, seg: dict, returns, args: Args):
-    """Policy gradient with advantage R_t - V(s_t), squared-error value loss, entropy bonus; means over valid steps."""
+    """Policy gradient with advantage R_t - V(s_t), squared-error value loss, entropy bonus; means
+    over valid steps."""
     out, values, _ = agent(seg["obs"], seg["valid"], seg["state"])
     logp, entropy = agent.logprob_entropy(out, seg["actions"])
-    valid, n = seg["valid"], seg["valid"].sum().clamp(min=1.0)
+    valid = seg["valid"]
+    n = valid.sum().clamp(min=1.0)
     advantages = (returns - values).detach()
     pg_loss = -(logp * advantages * valid).sum() / n
     v_loss = 0.5 * (((returns - values) ** 2) * valid).sum() / n
     ent = (entropy * valid).sum() / n
-    return pg_loss + args.vf_coef * v_loss - args.ent_coef * ent, torch.stack([pg_loss, v_loss, ent]).detach()
+    loss = pg_loss + args.vf_coef * v_loss - args.ent_coef * ent
+    return loss, torch.stack([pg_loss, v_loss, ent]).detach()
 
 
-def shared_rmsprop_step(flat, grad, state: dict, lr: float, alpha: float = 0.99, eps: float = 0.1) -> None:
-    """The paper's shared RMSProp (Section 4), in place on the shared tensors, no lock: g <- alpha g + (1 - alpha)
-    dtheta^2; theta <- theta - lr dtheta / sqrt(g + eps) (torch.optim.RMSprop puts eps outside: sqrt(g) + eps)."""
-    state["g"].mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
-    flat.sub_(lr * grad / (state["g"] + eps).sqrt())
+class SharedRMSprop(torch.optim.Optimizer):
+    """The paper's shared RMSProp (Section 4): g <- alpha g + (1 - alpha) dtheta^2; theta <- theta -
+    lr dtheta / sqrt(g + eps), with eps inside the square root (torch.optim.RMSprop: sqrt(g) + eps).
+    Its state g is created here so that share_memory() moves it to shared memory before the workers
+    fork; every worker's step() then updates the one g in place, without a lock (Hogwild)."""
+
+    def __init__(self, params, lr: float, alpha: float = 0.99, eps: float = 0.1):
+        super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps))
+        for group in self.param_groups:
+            for theta in group["params"]:
+                self.state[theta]["square_avg"] = torch.zeros_like(theta)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            for theta in group["params"]:
+                g = self.state[theta]["square_avg"]
+                d_theta = theta.grad
+                g.mul_(group["alpha"]).addcmul_(d_theta, d_theta, value=1 - group["alpha"])
+                theta.sub_(group["lr"] * d_theta / (g + group["eps"]).sqrt())
 
 
-def shared_adam_step(flat, grad, state: dict, step: int, lr: float, betas=(0.9, 0.999), eps: float = 1e-5) -> None:
-    """Adam with its moments in shared memory, updated in place by every worker; `step` is the shared update count.
-    One worker alone: equals torch.optim.Adam(params, lr, betas, eps).step() (tested bitwise)."""
-    b1, b2 = betas
-    state["m"].lerp_(grad, 1 - b1)
-    state["v"].mul_(b2).addcmul_(grad, grad, value=1 - b2)
-    denom = (state["v"].sqrt() / math.sqrt(1 - b2 ** step)).add_(eps)
-    flat.sub_((lr / (1 - b1 ** step)) * state["m"] / denom)
+class SharedAdam(torch.optim.Adam):
+    """torch's Adam with its state (step count, moments) created here, so that share_memory()
+    moves it to shared memory before the workers fork; every worker's step() then updates the one
+    state in place, without a lock (Hogwild), the step count too. One worker alone:
+    torch.optim.Adam exactly."""
+
+    def __init__(self, params, lr: float, eps: float = 1e-5):
+        super().__init__(params, lr=lr, eps=eps)
+        for group in self.param_groups:
+            for theta in group["params"]:
+                self.state[theta]["step"] = torch.tensor(0.0)
+                self.state[theta]["exp_avg"] = torch.zeros_like(theta)
+                self.state[theta]["exp_avg_sq"] = torch.zeros_like(theta)
+
+
+def share_memory(flat: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
+    """Move the parameters and the optimizer state to shared memory, in place: after restore()
+    (load_state_dict replaces the state tensors) and before the workers fork, which then read and
+    write these very tensors."""
+    flat.share_memory_()
+    for state in optimizer.state.values():
+        for value in state.values():
+            value.share_memory_()
 
 
 def count(counter, steps: int):
-    """Add steps and one update to the shared [env steps, updates] under its lock (exact); return the new values."""
+    """Add steps and one update to the shared [env steps, updates] under its lock (exact); return
+    the new values."""
     with counter.get_lock():
         counter[0] += steps
         counter[1] += 1
         return counter[0], counter[1]
 
 
-def flatten_parameters(agent: nn.Module):
-    """Parameters as views of one flat vector, gradients as views of another (backward adds into them in place)."""
-    params = list(agent.parameters())
+def flatten_parameters(net: nn.Module) -> torch.Tensor:
+    """Make every parameter a view of one flat vector and every gradient a view of `flat.grad`
+    (backward adds into them in place), so that sharing, copying, the clip and the optimizer each
+    act on one tensor."""
+    params = list(net.parameters())
     flat = torch.cat([p.detach().reshape(-1) for p in params])
-    grad = torch.zeros_like(flat)
+    flat.grad = torch.zeros_like(flat)
     offset = 0
     for p in params:
-        p.data, p.grad = flat[offset:offset + p.numel()].view_as(p), grad[offset:offset + p.numel()].view_as(p)
+        p.data = flat[offset : offset + p.numel()].view_as(p)
+        p.grad = flat.grad[offset : offset + p.numel()].view_as(p)
         offset += p.numel()
-    return flat, grad
+    return flat
 
 
 # ----------------------------------------------------------------------------------------------- roles
-def worker(index: int, args: Args, spec, shared: dict, counter, stop, messages, segment: int, parent: int) -> None:
-    """One Hogwild worker: copy the shared parameters, roll out t_max steps, compute the gradient on the local copy,
-    apply it to the shared parameters without a lock. Sends episodes and, every 0.5 s, statistics to the parent."""
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the parent, whatever kills it
-    if os.getppid() != parent:  # the parent died before the line above
-        os._exit(1)
-    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):  # the parent turns these into a stop
-        signal.signal(sig, signal.SIG_IGN)
-    torch.set_num_threads(args.torch_threads)
-    T, N, seed = args.t_max, args.num_envs, env_seed(args, index, segment)
-    envs, generator = make_env(args.env_id, N, seed), torch.Generator().manual_seed(seed)
-    bounds = (envs.action_space.low, envs.action_space.high) if isinstance(envs.action_space, gym.spaces.Box) else None
-    agent = Agent(spec.observation_space.shape, spec.action_space, args.use_lstm)
-    flat, grad = flatten_parameters(agent)
-    obs, valid, state = torch.as_tensor(envs.reset()[0]), torch.ones(N), agent.initial_state(N)
-    ep_return, ep_length, prev_done = np.zeros(N), np.zeros(N), np.zeros(N, dtype=bool)
-    seg = {"obs": torch.zeros((T, N) + spec.observation_space.shape, dtype=obs.dtype), "valid": torch.zeros(T, N),
-           "actions": torch.zeros((T, N) + spec.action_space.shape, dtype=torch.float32 if agent.continuous else torch.long)}
-    rewards, terms, dones, values = (torch.zeros(T, N) for _ in range(4))
-    start, steps_done, last_sent, global_step = time.time(), 0, 0.0, counter[0]
-    while not stop.value and global_step < args.total_timesteps:  # each worker ends after the update that reaches it
-        flat.copy_(shared["flat"])  # the paper's "synchronize thread-specific parameters theta' = theta"
-        seg["state"] = state.clone()
-        for t in range(T):
-            seg["obs"][t], seg["valid"][t] = obs, valid
-            with torch.no_grad():
-                out, value, state = agent(obs.unsqueeze(0), valid.unsqueeze(0), state)
-                if agent.continuous:  # sampled with the worker's own seeded generator
-                    action = out[0] + agent.actor_logstd.exp() * torch.randn(out[0].shape, generator=generator)
-                else:
-                    action = torch.multinomial(torch.softmax(out[0], -1), 1, generator=generator).squeeze(-1)
-            seg["actions"][t], values[t] = action, value[0]
-            env_action = np.clip(action.numpy(), *bounds) if agent.continuous else action.numpy()
-            o, r, term, trunc, info = envs.step(env_action)
-            done = term | trunc
-            obs, valid = torch.as_tensor(o), torch.as_tensor(~done, dtype=torch.float32)
-            rewards[t], terms[t], dones[t] = torch.as_tensor(r), torch.as_tensor(term), torch.as_tensor(done)
-            # Episode statistics (Atari: raw rewards and the real game over); the reset step after an end adds nothing.
-            ep_return += info.get("reward", r) * ~prev_done
-            ep_length += ~prev_done
-            ended = (info["terminated"].astype(bool) | trunc) if "terminated" in info else done
-            for i in np.flatnonzero(ended):
-                messages.put((index, float(ep_return[i]), int(ep_length[i]), global_step, time.time()))
-            ep_return[ended], ep_length[ended], prev_done = 0.0, 0, done
+def new_segment(args: Args, spec, first_obs: torch.Tensor, agent: Agent) -> dict:
+    """The buffers of one rollout segment, [t_max, num_envs] each (the LSTM state at its start is
+    added later)."""
+    shape = (args.t_max, args.num_envs)
+    action_dtype = torch.float32 if agent.continuous else torch.long
+    return {
+        "obs": torch.zeros(shape + spec.observation_space.shape, dtype=first_obs.dtype),
+        "valid": torch.zeros(shape),
+        "actions": torch.zeros(shape + spec.action_space.shape, dtype=action_dtype),
+        "rewards": torch.zeros(shape),
+        "terms": torch.zeros(shape),
+        "dones": torch.zeros(shape),
+        "values": torch.zeros(shape),
+    }
+
+
+def rollout(index: int, agent: Agent, envs, seg: dict, live: dict, episodes: dict, generator, messages) -> None:
+    """t_max steps of the worker's envs with its local copy, no gradient, into `seg`; `live` carries
+    the observation, its valid mask and the LSTM state over from segment to segment. Finished
+    episodes go to the parent (Atari: raw rewards and the real game over); the reset step after an
+    episode end adds nothing."""
+    seg["state"] = live["state"].clone()
+    for t in range(seg["rewards"].shape[0]):
+        seg["obs"][t] = live["obs"]
+        seg["valid"][t] = live["valid"]
         with torch.no_grad():
-            bootstrap = agent(obs.unsqueeze(0), valid.unsqueeze(0), state)[1][0]
-        returns = nstep_returns(rewards, values, bootstrap, terms, dones, args.gamma)
-        grad.zero_()
+            out, value, live["state"] = agent(live["obs"].unsqueeze(0), live["valid"].unsqueeze(0), live["state"])
+            # sampled with the worker's own seeded generator
+            if agent.continuous:
+                noise = torch.randn(out[0].shape, generator=generator)
+                action = out[0] + agent.actor_logstd.exp() * noise
+            else:
+                action = torch.multinomial(torch.softmax(out[0], -1), 1, generator=generator).squeeze(-1)
+        seg["actions"][t] = action
+        seg["values"][t] = value[0]
+        if agent.continuous:
+            env_action = np.clip(action.numpy(), envs.action_space.low, envs.action_space.high)
+        else:
+            env_action = action.numpy()
+        obs, reward, terminated, truncated, info = envs.step(env_action)
+        done = terminated | truncated
+        live["obs"] = torch.as_tensor(obs)
+        live["valid"] = torch.as_tensor(~done, dtype=torch.float32)
+        seg["rewards"][t] = torch.as_tensor(reward)
+        seg["terms"][t] = torch.as_tensor(terminated)
+        seg["dones"][t] = torch.as_tensor(done)
+        counted = ~episodes["reset_step"]
+        episodes["return"] += info.get("reward", reward) * counted
+        episodes["length"] += counted
+        ended = (info["terminated"].astype(bool) | truncated) if "terminated" in info else done
+        for env in np.flatnonzero(ended):
+            messages.put(("episode", index, (float(episodes["return"][env]), int(episodes["length"][env]))))
+        episodes["return"][ended] = 0.0
+        episodes["length"][ended] = 0
+        episodes["reset_step"] = done
+
+
+def worker_loop(index: int, args: Args, spec, flat, optimizer, counter, halt, go, messages, segment: int, parent: int):
+    """One Hogwild worker: copy the shared parameters, roll out t_max steps, compute the gradient on
+    the local copy, apply it to the shared parameters with the shared optimizer, without a lock.
+    Says "ready" once its envs and network are built and waits for the go; sends episodes and, every
+    0.5 s, its statistics; "exit" last."""
+    # PR_SET_PDEATHSIG: die with the parent, whatever kills it
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    # the parent died before the line above
+    if os.getppid() != parent:
+        os._exit(1)
+    # the parent turns these into a stop
+    for signal_number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(signal_number, signal.SIG_IGN)
+    torch.set_num_threads(args.torch_threads)
+    seed = env_seed(args, index, segment)
+    envs = make_env(args.env_id, args.num_envs, seed)
+    generator = torch.Generator().manual_seed(seed)
+    agent = Agent(spec.observation_space.shape, spec.action_space, args.use_lstm)
+    local_flat = flatten_parameters(agent)
+    # the shared optimizer steps the shared parameters with this worker's gradient, which backward fills
+    flat.grad = local_flat.grad
+    live = {
+        "obs": torch.as_tensor(envs.reset()[0]),
+        "valid": torch.ones(args.num_envs),
+        "state": agent.initial_state(args.num_envs),
+    }
+    episodes = {
+        "return": np.zeros(args.num_envs),
+        "length": np.zeros(args.num_envs),
+        "reset_step": np.zeros(args.num_envs, dtype=bool),
+    }
+    seg = new_segment(args, spec, live["obs"], agent)
+    messages.put(("ready", index, None))
+    go.wait()
+    started = time.time()
+    steps_done = 0
+    last_sent = 0.0
+    global_step = counter[0]
+    # each worker ends after the update that reaches total_timesteps
+    while not halt.value and global_step < args.total_timesteps:
+        # COLLECT: the paper's "synchronize thread-specific parameters theta' = theta", then t_max steps
+        local_flat.copy_(flat)
+        rollout(index, agent, envs, seg, live, episodes, generator, messages)
+        # LEARN: n-step returns, the gradient on the local copy, the shared optimizer's step (no lock)
+        with torch.no_grad():
+            bootstrap = agent(live["obs"].unsqueeze(0), live["valid"].unsqueeze(0), live["state"])[1][0]
+        returns = nstep_returns(seg["rewards"], seg["values"], bootstrap, seg["terms"], seg["dones"], args.gamma)
+        optimizer.zero_grad(set_to_none=False)
         loss, losses = a3c_loss(agent, seg, returns, args)
         loss.backward()
         if args.max_grad_norm:
-            grad.mul_(torch.clamp(args.max_grad_norm / (grad.norm() + 1e-6), max=1.0))
-        global_step, update = count(counter, T * N)
-        lr = args.learning_rate * max(0.0, 1.0 - global_step / args.total_timesteps) if args.anneal_lr else args.learning_rate
-        if args.optimizer == "rmsprop":
-            shared_rmsprop_step(shared["flat"], grad, shared, lr, args.rmsprop_alpha, args.rmsprop_eps)
-        else:
-            shared_adam_step(shared["flat"], grad, shared, update, lr, eps=args.adam_eps)
-        steps_done += T * N
+            torch.nn.utils.clip_grad_norm_([local_flat], args.max_grad_norm)
+        global_step, _ = count(counter, args.t_max * args.num_envs)
+        lr = args.learning_rate
+        if args.anneal_lr:
+            lr = args.learning_rate * max(0.0, 1.0 - global_step / args.total_timesteps)
+        optimizer.param_groups[0]["lr"] = lr
+        optimizer.step()
+        # BOOKKEEPING: this worker's statistics for the parent, every 0.5 s
+        steps_done += args.t_max * args.num_envs
         if time.time() - last_sent > 0.5:
             last_sent = time.time()
-            messages.put((index, "update", losses.tolist(), steps_done / (last_sent - start), lr))
+            policy_loss, value_loss, entropy = losses.tolist()
+            scalars = {
+                "losses/policy_loss": policy_loss,
+                "losses/value_loss": value_loss,
+                "losses/entropy": entropy,
+                "charts/learning_rate": lr,
+            }
+            messages.put(("stats", index, (scalars, steps_done / (last_sent - started))))
     envs.close()
-    messages.put((index, "exit"))
+    messages.put(("exit", index, None))
+
+
+class WorkerDied(RuntimeError):
+    """A worker process ended with a non-zero exit code: the run ends, naming it."""
+
+
+def start_workers(args: Args, spec, flat, optimizer, counter, halt, go, segment: int) -> tuple:
+    """Fork the workers (after the shared state, the signal handlers and the queue exist). Returns
+    them and the bounded queue of their small tuples: ("ready" | "episode" | "stats" | "exit",
+    worker, payload)."""
+    context = mp.get_context("fork")
+    messages = context.Queue(maxsize=10_000)
+    workers = []
+    for index in range(args.num_workers):
+        shared = (flat, optimizer, counter, halt, go, messages, segment, os.getpid())
+        worker = context.Process(target=worker_loop, args=(index, args, spec, *shared), daemon=True)
+        worker.start()
+        workers.append(worker)
+    return workers, messages
+
+
+def stop_workers(workers: list) -> None:
+    """Kill and reap every worker (a no-op for one that ended on its own)."""
+    for worker in workers:
+        worker.kill()
+        worker.join()
+
+
+def receive(messages, workers: list) -> list:
+    """Up to 256 messages, waiting at most 0.2 s for the first; then the workers are checked: a dead
+    one raises WorkerDied (a death is seen within a pass, whatever the queue holds)."""
+    received = []
+    try:
+        received.append(messages.get(timeout=0.2))
+        while len(received) < 256:
+            received.append(messages.get_nowait())
+    except queue.Empty:
+        pass
+    for index, worker in enumerate(workers):
+        if worker.exitcode:
+            raise WorkerDied(f"worker {index} (pid {worker.pid}) exited with code {worker.exitcode}")
+    return received
+
+
+def wait_until_ready(messages, workers: list) -> None:
+    """Until every worker has built its envs and network: "ready" is all a worker sends before the
+    go."""
+    ready = 0
+    while ready < len(workers):
+        ready += len(receive(messages, workers))
+
+
+def running(workers: list, exited: set) -> bool:
+    """Until every worker said "exit" (no message is left unread) and ended with code 0 (a death is
+    always seen)."""
+    return len(exited) < len(workers) or any(worker.exitcode != 0 for worker in workers)
+
+
+def sort_messages(received: list, exited: set, worker_sps: dict) -> tuple:
+    """The finished episodes (return, length) of one pass and the scalars (losses, learning rate) of
+    the last statistics a worker sent; notes "exit"s and each worker's own steps per second."""
+    finished = []
+    scalars = {}
+    for kind, index, payload in received:
+        if kind == "episode":
+            finished.append(payload)
+        elif kind == "stats":
+            scalars, worker_sps[index] = payload
+        elif kind == "exit":
+            exited.add(index)
+    return finished, scalars
+
+
+def read_counter(progress: dict, counter) -> None:
+    """The shared [env steps, updates] into progress, read without the lock (which a killed worker
+    may hold), so the pair may be one update apart; a checkpoint reads it under the lock
+    (write_checkpoint)."""
+    values = counter.get_obj()
+    progress["global_step"] = values[0]
+    progress["update"] = values[1]
 
 
 def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, video_dir: Optional[str] = None):
-    """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short episodes)."""
-    envs = make_env(env_id, episodes, seed, **(dict(episodic_life=False, reward_clip=False) if agent.image else {}))
+    """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short
+    episodes)."""
+    raw = dict(episodic_life=False, reward_clip=False) if agent.image else {}
+    envs = make_env(env_id, episodes, seed, **raw)
     obs, _ = envs.reset()
-    returns, done = np.zeros(episodes), np.zeros(episodes, dtype=bool)
-    state, valid, frames = agent.initial_state(episodes), torch.ones(1, episodes), []
+    returns = np.zeros(episodes)
+    done = np.zeros(episodes, dtype=bool)
+    state = agent.initial_state(episodes)
+    valid = torch.ones(1, episodes)
+    frames = []
     while not done.all():
         with torch.no_grad():
             out, _, state = agent(torch.as_tensor(obs).unsqueeze(0), valid, state)
-        action = np.clip(out[0].numpy(), envs.action_space.low, envs.action_space.high) if agent.continuous \
-            else out[0].argmax(-1).numpy()
-        obs, r, term, trunc, info = envs.step(action)
-        returns += info.get("reward", r) * ~done
+        if agent.continuous:
+            action = np.clip(out[0].numpy(), envs.action_space.low, envs.action_space.high)
+        else:
+            action = out[0].argmax(-1).numpy()
+        obs, reward, terminated, truncated, info = envs.step(action)
+        returns += info.get("reward", reward) * ~done
         if video_dir is not None and not done[0]:
             frames.append(obs[0, -1])
-        done |= (info["terminated"].astype(bool) if "terminated" in info else term) | trunc
-        valid = torch.as_tensor(~(term | trunc), dtype=torch.float32).unsqueeze(0)
+        done |= (info["terminated"].astype(bool) if "terminated" in info else terminated) | truncated
+        valid = torch.as_tensor(~(terminated | truncated), dtype=torch.float32).unsqueeze(0)
     if frames:
         os.makedirs(video_dir, exist_ok=True)
         np.savez_compressed(os.path.join(video_dir, "eval_episode0.npz"), frames=np.stack(frames))
@@ -355,143 +582,288 @@ def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, video_dir: Opt
     return returns
 
 
-def save_checkpoint(path: str, payload: dict) -> None:  # atomic: a temporary file beside the target, renamed over it
-    tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+# ----------------------------------------------------------------------------------------------- bookkeeping
+def process_start_time() -> float:
+    """When this process started (Linux /proc), so that startup_s also counts the imports."""
+    with open("/proc/self/stat") as stat:
+        start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as uptime:
+        uptime_s = float(uptime.read().split()[0])
+    return time.time() - uptime_s + start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def new_progress() -> dict:
+    """Everything a resumed run continues from; every time in it is a whole-run figure (docs/conventions.md §1a).
+    The file adds `segment`: the run segment (0, then one more per resume), which seeds the workers' envs."""
+    return {
+        "update": 0,
+        "global_step": 0,
+        "startup_s": 0.0,
+        "train_time_s": 0.0,
+        "wall_time_s": 0.0,
+        "time_to_threshold_s": None,
+        "threshold_step": None,
+        "recent_returns": deque(maxlen=20),
+        "segment": 0,
+    }
+
+
+def start_clock(progress: dict) -> float:
+    """Training starts now: add this segment's start-up (process start to now) to the whole-run times."""
+    now = time.time()
+    startup = now - process_start_time()
+    progress["startup_s"] += startup
+    progress["wall_time_s"] += startup
+    return now
+
+
+def advance_clock(progress: dict, since: float, training: bool = True) -> float:
+    """Add the time since `since` to the whole-run wall time (and training time); returns now."""
+    now = time.time()
+    progress["wall_time_s"] += now - since
+    if training:
+        progress["train_time_s"] += now - since
+    return now
+
+
+def record_returns(progress: dict, returns: list, threshold) -> None:
+    """Finished training episodes; the first time the last-20 mean reaches the threshold is kept."""
+    for episode_return in returns:
+        progress["recent_returns"].append(episode_return)
+        recent = progress["recent_returns"]
+        reached = threshold is not None and len(recent) == recent.maxlen and np.mean(recent) >= threshold
+        if reached and progress["time_to_threshold_s"] is None:
+            progress["time_to_threshold_s"] = progress["train_time_s"]
+            progress["threshold_step"] = progress["global_step"]
+
+
+def log_update(writer, progress: dict, finished: list, scalars: dict) -> None:
+    """TensorBoard points of one iteration: its finished episodes, then the named scalars."""
+    step = progress["global_step"]
+    for episode_return, episode_length in finished:
+        writer.add_scalar("charts/episodic_return", episode_return, step)
+        writer.add_scalar("charts/episodic_length", episode_length, step)
+    for key, value in scalars.items():
+        writer.add_scalar(key, value, step)
+
+
+def speed_scalars(progress: dict, worker_sps: dict) -> dict:
+    """Environment steps per second over all workers (whole run) and each worker's own (its steps,
+    its time)."""
+    sps = progress["global_step"] / max(progress["train_time_s"], 1e-9)
+    return {"charts/SPS": sps, **{f"stats/worker{index}_sps": value for index, value in worker_sps.items()}}
+
+
+def print_progress(progress: dict, total_timesteps: int, last_print: float) -> float:
+    """A progress line at most every 2 s; returns when one was last printed. The workers run to total_timesteps (no
+    fixed number of updates), so the line counts steps; main prints the last line once the workers have ended."""
+    now = time.time()
+    if now - last_print < 2.0:
+        return last_print
+    recent = progress["recent_returns"]
+    mean_return = f"{np.mean(recent):.1f}" if recent else "n/a"
+    sps = progress["global_step"] / max(progress["train_time_s"], 1e-9)
+    print(
+        f"update {progress['update']} global_step={progress['global_step']}/{total_timesteps} SPS={sps:.0f} "
+        f"return(last {len(recent)})={mean_return}",
+        flush=True,
+    )
+    return now
+
+
+def save_checkpoint(path: str, payload: dict) -> None:
+    """Atomic: write a temporary file beside the target, then rename it over the target."""
+    payload = {**payload, "recent_returns": list(payload["recent_returns"])}
+    temporary = f"{path}.tmp{os.getpid()}"
+    torch.save(payload, temporary)
+    os.replace(temporary, path)
+
+
+def write_checkpoint(path: str, progress: dict, agent: Agent, optimizer, counter) -> None:
+    """The shared tensors as they are (Hogwild: workers may be writing them), with the counter pair
+    read under its lock, so that steps and updates agree."""
+    progress["global_step"], progress["update"] = counter[:]
+    save_checkpoint(path, {**progress, "model": agent.state_dict(), "optimizer": optimizer.state_dict()})
+
+
+def restore(args, model, optimizer, device, checkpoint_path: str) -> dict:
+    """A fresh progress dict, or with --resume and a checkpoint, the checkpoint's, with the model and the optimizer
+    loaded in place (before share_memory); a resumed run is the next run segment."""
+    progress = new_progress()
+    if not (args.resume and os.path.exists(checkpoint_path)):
+        return progress
+    checkpoint = torch.load(checkpoint_path, map_location=device, weights_only=True)
+    model.load_state_dict(checkpoint.pop("model"))
+    optimizer.load_state_dict(checkpoint.pop("optimizer"))
+    recent_returns = checkpoint.pop("recent_returns")
+    progress.update(checkpoint)
+    progress["recent_returns"].extend(recent_returns)
+    progress["segment"] += 1
+    return progress
+
+
+def install_stop_handlers() -> dict:
+    """SIGTERM and SIGUSR1 (SLURM preemption) ask for a checkpoint once the workers end their segment; so does
+    Ctrl-C's SIGINT here, which reaches the workers too (they ignore it: the parent turns it into the stop)."""
+    stop = {"signal": 0}
+    for signal_number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(signal_number, lambda signum, frame: stop.update(signal=signum))
+    return stop
+
+
+def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
+    """TensorBoard (and wandb with --track), after the fork: both start threads. After a resume,
+    points past the checkpoint's step are dropped."""
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=asdict(args),
+            name=args.run_name,
+            id=args.run_name,
+            resume="allow",
+        )
+    writer = SummaryWriter(run_dir, purge_step=progress["global_step"] if progress["segment"] else None)
+    table = "\n".join(f"|{key}|{value}|" for key, value in asdict(args).items())
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+    return writer
+
+
+def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float, run_dir: str) -> None:
+    """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with --save-model, the weights."""
+    video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
+    eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 10**6, video_dir)
+    for episode, episode_return in enumerate(eval_returns):
+        writer.add_scalar("eval/episodic_return", episode_return, episode)
+    # the evaluation counts in wall time only
+    advance_clock(progress, clock, training=False)
+    recent = progress["recent_returns"]
+    summary = {
+        "algo": "a3c",
+        "env_id": args.env_id,
+        "seed": args.seed,
+        "world_size": 1,
+        "num_workers": args.num_workers,
+        "global_step": progress["global_step"],
+        "updates": progress["update"],
+        "wall_time_s": progress["wall_time_s"],
+        "startup_s": progress["startup_s"],
+        "train_time_s": progress["train_time_s"],
+        "sps": progress["global_step"] / progress["train_time_s"],
+        "eval_return_mean": float(np.mean(eval_returns)),
+        "eval_return_std": float(np.std(eval_returns)),
+        "train_return_last20": float(np.mean(recent)) if recent else None,
+        "time_to_threshold_s": progress["time_to_threshold_s"],
+        # the same figure (time to threshold counts from training start); the key is kept for older readers
+        "threshold_step": progress["threshold_step"],
+        "reward_threshold": envpool.make_spec(args.env_id).reward_threshold,
+    }
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    if args.save_model:
+        # a copy of each: the parameters are views of one shared vector
+        weights = {key: value.clone() for key, value in agent.state_dict().items()}
+        torch.save(weights, os.path.join(run_dir, "model.pt"))
+    print(
+        f"eval return {summary['eval_return_mean']:.1f} +- {summary['eval_return_std']:.1f}; "
+        f"time to threshold: {summary['time_to_threshold_s']}; summary in {run_dir}/summary.json",
+        flush=True,
+    )
 
 
 def default_num_workers() -> int:
-    """The CPUs this process may use (its affinity mask, which taskset, SLURM and containers set), at most 4: with 8
-    or 16 Hogwild workers the default learning rate made CartPole runs collapse on a 16-core machine (docs)."""
-    return max(1, min(4, len(os.sched_getaffinity(0))))  # Linux, as /proc
+    """The CPUs this process may use (its affinity mask, which taskset, SLURM and containers set),
+    at most 4: with 8 or 16 Hogwild workers the default learning rate made CartPole runs collapse on
+    a 16-core machine (docs)."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 def main(args: Args) -> int:
-    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")  # envpool's spaces
+    # envpool's spaces warn about it
+    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
     validate(args)
     args.num_workers = args.num_workers or default_num_workers()
     args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
-    run_dir, ckpt_path = os.path.join("runs", args.run_name), os.path.join("runs", args.run_name, "checkpoint.pt")
+    run_dir = os.path.join("runs", args.run_name)
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
     torch.set_num_threads(args.torch_threads)
     torch.manual_seed(args.seed)
     spec = envpool.make_spec(args.env_id)
-    threshold = spec.reward_threshold  # None for envs without one (no time to threshold then)
-
-    # The shared model and optimizer state: one flat vector each, in shared memory, updated in place by every worker.
+    threshold = spec.reward_threshold
     agent = Agent(spec.observation_space.shape, spec.action_space, args.use_lstm)
-    flat, _ = flatten_parameters(agent)
-    shared = {k: v.share_memory_() for k, v in {"flat": flat, **{k: torch.zeros_like(flat) for k in "gmv"}}.items()}
-    progress = {"segment": 0, "global_step": 0, "updates": 0, "train_time_s": 0.0, "elapsed_s": 0.0, "recent_returns": [],
-                "time_to_threshold_s": None, "train_time_to_threshold_s": None, "threshold_step": None}
-    if args.resume and os.path.exists(ckpt_path):
-        ckpt = torch.load(ckpt_path, weights_only=True)
-        for k in shared:
-            shared[k].copy_(ckpt["shared"][k])
-        progress.update(ckpt["progress"], segment=ckpt["progress"]["segment"] + 1)
-    counter = mp.Array("q", [progress["global_step"], progress["updates"]])  # exact under concurrency: it has a lock
-    stop, recent = mp.Value("b", 0, lock=False), deque(progress["recent_returns"], maxlen=20)
-
-    signals = {"signal": 0}  # before the fork; each worker then ignores these signals, the parent stops them
-    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: signals.update(signal=signum))
-    ctx = mp.get_context("fork")
-    messages = ctx.Queue(maxsize=10_000)  # small tuples: episodes, worker statistics, and each worker's "exit"
-    train_start = time.time()
-    workers = [ctx.Process(target=worker, daemon=True, args=(i, args, spec, shared, counter, stop, messages,
-                                                             progress["segment"], os.getpid())) for i in range(args.num_workers)]
-    for p in workers:
-        p.start()
-    try:  # whatever ends this (an exception too), no worker outlives it: they ignore the SIGTERM of exit
-        from torch.utils.tensorboard import SummaryWriter  # after the fork: it (and wandb) start threads
-        if args.track:
-            import wandb
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=asdict(args), name=args.run_name, id=args.run_name, resume="allow")
-        writer = SummaryWriter(run_dir, purge_step=progress["global_step"] if progress["segment"] else None)  # resume
-        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
-
-        def checkpoint() -> None:  # the shared tensors as they are (Hogwild: workers may be writing them)
-            global_step, updates = counter[:]  # one read under the counter's lock: a consistent pair
-            save_checkpoint(ckpt_path, {"shared": {k: v.clone() for k, v in shared.items()}, "progress": {
-                **progress, "global_step": global_step, "updates": updates, "recent_returns": list(recent),
-                "train_time_s": progress["train_time_s"] + time.time() - train_start,
-                "elapsed_s": progress["elapsed_s"] + time.time() - PROCESS_START}})
-
-        exit_code, last_print, last_ckpt, worker_sps, exited = 0, 0.0, counter[1], {}, set()
-        # Until every worker said "exit" (no message is left unread) and ended with code 0 (a death is always seen).
-        while len(exited) < args.num_workers or any(p.exitcode != 0 for p in workers):
-            msgs = []
-            try:  # up to 256 messages per pass, waiting at most 0.2 s for the first
-                msgs.append(messages.get(timeout=0.2))
-                while len(msgs) < 256:
-                    msgs.append(messages.get_nowait())
-            except queue.Empty:
-                pass
-            dead = [f"worker {i} (pid {p.pid}) exited with code {p.exitcode}" for i, p in enumerate(workers) if p.exitcode]
-            if dead:  # a dead worker ends the run, naming it
-                print(f"{os.path.basename(sys.argv[0])}: error: {dead[0]}; stopping", file=sys.stderr, flush=True)
-                exit_code = 1
-                break
-            stop.value = stop.value or int(signals["signal"] != 0)  # SIGTERM/SIGUSR1/Ctrl-C: workers end their segment
-            global_step = counter.get_obj()[0]  # for logging, without the lock a killed worker may hold
-            for msg in msgs:
-                if msg[1] == "exit":
-                    exited.add(msg[0])
-                elif msg[1] == "update":
-                    _, _, losses, worker_sps[msg[0]], lr = msg
-                    for key, value in zip(["losses/policy_loss", "losses/value_loss", "losses/entropy",
-                                           "charts/learning_rate"], losses + [lr]):
-                        writer.add_scalar(key, value, global_step)
-                else:
-                    _, ret, length, step, ended_at = msg  # when the worker saw the episode end (the parent may lag)
-                    recent.append(ret)
-                    writer.add_scalar("charts/episodic_return", ret, step)
-                    writer.add_scalar("charts/episodic_length", length, step)
-                    if threshold is not None and progress["time_to_threshold_s"] is None and len(recent) == 20 \
-                            and np.mean(recent) >= threshold:
-                        progress["time_to_threshold_s"] = progress["elapsed_s"] + ended_at - PROCESS_START
-                        progress["train_time_to_threshold_s"] = progress["train_time_s"] + ended_at - train_start
-                        progress["threshold_step"] = step
-            if args.checkpoint_every and counter.get_obj()[1] - last_ckpt >= args.checkpoint_every:
-                last_ckpt = counter.get_obj()[1]
-                checkpoint()
-            if time.time() - last_print > 2.0:
-                last_print = time.time()
-                sps = (global_step - progress["global_step"]) / (time.time() - train_start)
-                for key, value in {"charts/SPS": sps, **{f"stats/worker{i}_sps": v for i, v in worker_sps.items()}}.items():
-                    writer.add_scalar(key, value, global_step)
-                mean = f"{np.mean(recent):.1f}" if recent else "n/a"
-                print(f"global_step={global_step} SPS={sps:.0f} return(last {len(recent)})={mean}", flush=True)
+    flat = flatten_parameters(agent)
+    if args.optimizer == "rmsprop":
+        optimizer = SharedRMSprop([flat], args.learning_rate, args.rmsprop_alpha, args.rmsprop_eps)
+    else:
+        optimizer = SharedAdam([flat], args.learning_rate, args.adam_eps)
+    progress = restore(args, agent, optimizer, "cpu", checkpoint_path)
+    # The model and the optimizer state in shared memory, updated in place by every worker; the counter of
+    # [env steps, updates] is exact under concurrency (it has a lock); `halt` tells the workers to stop.
+    share_memory(flat, optimizer)
+    counter = mp.Array("q", [progress["global_step"], progress["update"]])
+    halt = mp.Value("b", 0, lock=False)
+    go = mp.Event()
+    # before the fork: each worker then ignores these signals, the parent turns them into `halt`
+    stop = install_stop_handlers()
+    workers, messages = start_workers(args, spec, flat, optimizer, counter, halt, go, progress["segment"])
+    exit_code = 0
+    # whatever ends this (an exception too), no worker outlives it: they ignore the SIGTERM of exit
+    try:
+        writer = open_writer(args, run_dir, progress)
+        wait_until_ready(messages, workers)
+        # training starts when the workers start stepping
+        clock = start_clock(progress)
+        go.set()
+        exited = set()
+        worker_sps = {}
+        last_print = 0.0
+        last_checkpoint = progress["update"]
+        while running(workers, exited):
+            # COLLECT: what the workers sent (episodes, statistics, "exit"); a dead worker raises WorkerDied
+            received = receive(messages, workers)
+            # LEARN and PUBLISH: in the workers (worker_loop), which step the shared parameters (Hogwild)
+            if stop["signal"]:
+                # SIGTERM/SIGUSR1/Ctrl-C: every worker ends its segment and exits
+                halt.value = 1
+            # BOOKKEEPING: clocks, counters, episodes, logs, checkpoints
+            clock = advance_clock(progress, clock)
+            read_counter(progress, counter)
+            finished, scalars = sort_messages(received, exited, worker_sps)
+            record_returns(progress, [episode_return for episode_return, _ in finished], threshold)
+            if time.time() - last_print >= 2.0:
+                scalars.update(speed_scalars(progress, worker_sps))
+            log_update(writer, progress, finished, scalars)
+            last_print = print_progress(progress, args.total_timesteps, last_print)
+            if args.checkpoint_every and progress["update"] - last_checkpoint >= args.checkpoint_every:
+                write_checkpoint(checkpoint_path, progress, agent, optimizer, counter)
+                last_checkpoint = progress["update"]
+    except WorkerDied as e:
+        print(f"{os.path.basename(sys.argv[0])}: error: {e}; stopping", file=sys.stderr, flush=True)
+        exit_code = 1
     finally:
-        for p in workers:
-            p.kill()  # a no-op for a worker that ended on its own
-            p.join()
-    train_time = progress["train_time_s"] + time.time() - train_start
-    if exit_code == 0 and signals["signal"]:  # a checkpoint; a run that had reached its steps goes on to its summary
-        checkpoint()
-        print(f"signal received: checkpoint of update {counter[1]} written to {ckpt_path}; "
-              "rerun with --resume to continue", flush=True)
-    if exit_code == 0 and counter[0] >= args.total_timesteps:
-        video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
-        eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 10**6, video_dir)
-        for i, r in enumerate(eval_returns):
-            writer.add_scalar("eval/episodic_return", r, i)
-        summary = {"algo": "a3c", "env_id": args.env_id, "seed": args.seed, "world_size": 1, "num_workers": args.num_workers,
-                   "global_step": counter[0], "updates": counter[1], "train_time_s": train_time,
-                   "wall_time_s": progress["elapsed_s"] + time.time() - PROCESS_START, "sps": counter[0] / train_time,
-                   "eval_return_mean": float(np.mean(eval_returns)), "eval_return_std": float(np.std(eval_returns)),
-                   "train_return_last20": float(np.mean(recent)) if recent else None,
-                   **{k: progress[k] for k in ["time_to_threshold_s", "train_time_to_threshold_s", "threshold_step"]},
-                   "reward_threshold": threshold}
-        with open(os.path.join(run_dir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
-        if args.save_model:
-            save_checkpoint(os.path.join(run_dir, "model.pt"), {k: v.clone() for k, v in agent.state_dict().items()})
-        print(f"eval return {summary['eval_return_mean']:.1f} +- {summary['eval_return_std']:.1f}; time to threshold: "
-              f"{summary['time_to_threshold_s']}; summary in {run_dir}/summary.json", flush=True)
+        stop_workers(workers)
+    if exit_code == 0:
+        # the workers have ended: the final counts and progress line
+        clock = advance_clock(progress, clock)
+        read_counter(progress, counter)
+        print_progress(progress, args.total_timesteps, 0.0)
+    # a checkpoint; a run that had reached its steps goes on to its summary
+    if exit_code == 0 and stop["signal"]:
+        write_checkpoint(checkpoint_path, progress, agent, optimizer, counter)
+        print(
+            f"signal received: checkpoint of update {progress['update']} written to {checkpoint_path}; "
+            "rerun with --resume to continue",
+            flush=True,
+        )
+    if exit_code == 0 and progress["global_step"] >= args.total_timesteps:
+        write_summary(args, agent, writer, progress, clock, run_dir)
     writer.close()
     if args.track:
+        import wandb
+
         wandb.finish()
     return exit_code
 

@@ -290,7 +290,7 @@ def resume_at_the_checkpoints_end(runner: Runner, name: str, env_id: str, *args,
 
     ckpt, end = runner.run_dir(env_id, "cut") / "checkpoint.pt", runner.run_dir(env_id, "end")
     saved = torch.load(ckpt, weights_only=True)
-    step = saved["progress"]["global_step"] if "progress" in saved else saved["global_step"]  # a3c: in "progress"
+    step = saved["global_step"]
     end.mkdir()
     shutil.copy(ckpt, end)
     check_ok(runner.run(name, *args, "--exp-name", "end", "--resume", "--total-timesteps", step, nproc=nproc))

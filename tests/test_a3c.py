@@ -1,14 +1,23 @@
 """algos/a3c.py: n-step returns, loss and shared optimizers against slow references written from the paper;
 shared state across processes; runs as a user launches them."""
+
 import math
 import multiprocessing
 
 import numpy as np
 import pytest
 import torch
-
-from conftest import (SUMMARY_KEYS, assert_bad_argument, assert_solves, bad_cases, check_ok, kill_one_worker, kill_parent,
-                      load_algo, sigterm_then_resume)
+from conftest import (
+    SUMMARY_KEYS,
+    assert_bad_argument,
+    assert_solves,
+    bad_cases,
+    check_ok,
+    kill_one_worker,
+    kill_parent,
+    load_algo,
+    sigterm_then_resume,
+)
 
 a3c = load_algo("a3c")
 FAST = ["--total-timesteps", 4000, "--eval-episodes", 2]
@@ -47,8 +56,9 @@ def test_nstep_returns_match_reference(seed):
     rewards[1:][dones[:-1]] = 0.0  # envpool's reset step after an end: reward 0 (it is masked out of the loss)
     t = lambda x: torch.as_tensor(x, dtype=torch.float64)  # noqa: E731
     ours = a3c.nstep_returns(t(rewards), t(values), t(bootstrap), t(terms), t(dones), gamma)
-    np.testing.assert_allclose(ours.numpy(), nstep_reference(rewards, values, bootstrap, terms, dones, gamma),
-                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        ours.numpy(), nstep_reference(rewards, values, bootstrap, terms, dones, gamma), rtol=1e-12, atol=1e-12
+    )
 
 
 def test_nstep_return_without_episode_end_is_discounted_sum():
@@ -62,8 +72,12 @@ def test_loss_matches_hand_computation():
     torch.manual_seed(0)
     agent = a3c.Agent((3,), a3c.gym.spaces.Discrete(2))
     T, N = 4, 3
-    seg = {"obs": torch.randn(T, N, 3), "actions": torch.randint(0, 2, (T, N)), "state": agent.initial_state(N),
-           "valid": torch.tensor([[1.0, 1, 1], [1, 0, 1], [1, 1, 1], [0, 1, 1]])}
+    seg = {
+        "obs": torch.randn(T, N, 3),
+        "actions": torch.randint(0, 2, (T, N)),
+        "state": agent.initial_state(N),
+        "valid": torch.tensor([[1.0, 1, 1], [1, 0, 1], [1, 1, 1], [0, 1, 1]]),
+    }
     returns = torch.randn(T, N)
     args = a3c.Args(ent_coef=0.01, vf_coef=0.5)
     loss, (pg, vl, ent) = a3c.a3c_loss(agent, seg, returns, args)
@@ -101,55 +115,63 @@ def test_gaussian_logprob_and_entropy_match_torch():
 def test_shared_rmsprop_matches_the_papers_update():
     """theta <- theta - lr dtheta / sqrt(g + eps), g <- alpha g + (1 - alpha) dtheta^2, elementwise in plain Python."""
     g = np.random.default_rng(0)
-    theta, state = torch.tensor(g.normal(size=6)), {"g": torch.zeros(6, dtype=torch.float64)}
+    theta = torch.tensor(g.normal(size=6))
+    optimizer = a3c.SharedRMSprop([theta], 0.01, 0.99, 0.1)
     ref_theta, ref_g = list(theta.tolist()), [0.0] * 6
     for _ in range(4):
-        d = torch.tensor(g.normal(size=6))
-        a3c.shared_rmsprop_step(theta, d, state, 0.01, 0.99, 0.1)
+        theta.grad = torch.tensor(g.normal(size=6))
+        optimizer.step()
         for i in range(6):
-            ref_g[i] = 0.99 * ref_g[i] + 0.01 * float(d[i]) ** 2
-            ref_theta[i] -= 0.01 * float(d[i]) / math.sqrt(ref_g[i] + 0.1)
+            ref_g[i] = 0.99 * ref_g[i] + 0.01 * float(theta.grad[i]) ** 2
+            ref_theta[i] -= 0.01 * float(theta.grad[i]) / math.sqrt(ref_g[i] + 0.1)
     np.testing.assert_allclose(theta.numpy(), ref_theta, rtol=1e-12)
-    np.testing.assert_allclose(state["g"].numpy(), ref_g, rtol=1e-12)
+    np.testing.assert_allclose(optimizer.state[theta]["square_avg"].numpy(), ref_g, rtol=1e-12)
 
 
-def test_shared_adam_alone_equals_torch_adam_bitwise():
+def test_shared_adam_with_its_state_made_up_front_is_torch_adam_bitwise():
+    """SharedAdam creates Adam's state at construction (to share it before the fork) as torch would at step 1."""
     torch.manual_seed(0)
     theta = torch.randn(10)
-    ref = theta.clone().requires_grad_()
-    opt = torch.optim.Adam([ref], lr=3e-3, eps=1e-5)
-    state = {"m": torch.zeros(10), "v": torch.zeros(10)}
-    for step in range(1, 6):
-        grad = torch.randn(10)
-        ref.grad = grad.clone()
-        opt.step()
-        a3c.shared_adam_step(theta, grad, state, step, 3e-3)
-    assert torch.equal(theta, ref.detach())
+    ref = theta.clone()
+    shared = a3c.SharedAdam([theta], 3e-3, eps=1e-5)
+    adam = torch.optim.Adam([ref], lr=3e-3, eps=1e-5)
+    for _ in range(5):
+        theta.grad = torch.randn(10)
+        ref.grad = theta.grad.clone()
+        shared.step()
+        adam.step()
+    assert torch.equal(theta, ref)
+    assert all(torch.equal(shared.state[theta][k], adam.state[ref][k]) for k in adam.state[ref])
 
 
 # ------------------------------------------------------------------------------------------ shared state
-def _apply_step(shared, counter):
+def _apply_step(flat, optimizer, counter):
     torch.set_num_threads(1)  # as the workers do: a forked child must not reuse the parent's thread pool
-    a3c.shared_rmsprop_step(shared["flat"], torch.ones_like(shared["flat"]), shared, 0.1)
+    flat.grad = torch.ones_like(flat)
+    optimizer.step()
     a3c.count(counter, 5)
 
 
-def test_a_step_in_one_process_is_seen_by_another():
-    """The model and the optimizer state live in shared memory: a worker's in-place step reaches the parent's agent."""
+@pytest.mark.parametrize("name", ["SharedRMSprop", "SharedAdam"])
+def test_a_step_in_one_process_is_seen_by_another(name):
+    """The model and the optimizer state live in shared memory, also after a restore (load_state_dict replaces the
+    state tensors, share_memory moves them): a worker's in-place step reaches the parent's agent and optimizer."""
     agent = a3c.Agent((4,), a3c.gym.spaces.Discrete(2))
-    flat, _ = a3c.flatten_parameters(agent)
-    shared = {"flat": flat, "g": torch.zeros_like(flat)}
-    for v in shared.values():
-        v.share_memory_()
+    flat = a3c.flatten_parameters(agent)
+    optimizer = getattr(a3c, name)([flat], 0.1)
+    optimizer.load_state_dict(getattr(a3c, name)([flat.clone()], 0.1).state_dict())
+    a3c.share_memory(flat, optimizer)
     before = [p.detach().clone() for p in agent.parameters()]
     ctx = multiprocessing.get_context("fork")
     counter = ctx.Array("q", [0, 0])
-    p = ctx.Process(target=_apply_step, args=(shared, counter))
+    p = ctx.Process(target=_apply_step, args=(flat, optimizer, counter))
     p.start()
     p.join(timeout=30)
     assert p.exitcode == 0 and list(counter) == [5, 1]
-    assert torch.all(shared["g"] > 0)  # the optimizer state moved in the child
-    assert all(not torch.equal(a, b) for a, b in zip(before, agent.parameters()))  # so did the parent's parameters
+    state = optimizer.state[flat]
+    # the optimizer state moved in the child, and so did the parent's parameters
+    assert torch.all(state["square_avg" if name == "SharedRMSprop" else "exp_avg_sq"] > 0)
+    assert all(not torch.equal(a, b) for a, b in zip(before, agent.parameters(), strict=True))
 
 
 def _count_many(counter, n):
@@ -193,15 +215,25 @@ def test_smoke_two_workers(runner):
     assert list(runner.run_dir("CartPole-v1", "a3c").glob("events.*"))
 
 
-@pytest.mark.parametrize("extra", [["--use-lstm"], ["--optimizer", "rmsprop"], ["--env-id", "Pendulum-v1"],
-                                   ["--env-id", "Pendulum-v1", "--use-lstm"]], ids=["lstm", "rmsprop", "gaussian", "gaussian-lstm"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--use-lstm"],
+        ["--optimizer", "rmsprop"],
+        ["--env-id", "Pendulum-v1"],
+        ["--env-id", "Pendulum-v1", "--use-lstm"],
+    ],
+    ids=["lstm", "rmsprop", "gaussian", "gaussian-lstm"],
+)
 def test_variants_run(runner, extra):
     check_ok(runner.run("a3c", *FAST, "--num-workers", 2, *extra))
 
 
 def test_image_network_shapes():
     agent = a3c.Agent((4, 84, 84), a3c.gym.spaces.Discrete(6), use_lstm=True)
-    out, values, state = agent(torch.zeros(2, 3, 4, 84, 84, dtype=torch.uint8), torch.ones(2, 3), agent.initial_state(3))
+    out, values, state = agent(
+        torch.zeros(2, 3, 4, 84, 84, dtype=torch.uint8), torch.ones(2, 3), agent.initial_state(3)
+    )
     assert out.shape == (2, 3, 6) and values.shape == (2, 3) and state.shape == (2, 3, 256)
 
 
@@ -239,15 +271,34 @@ def test_torchrun_is_refused_with_one_line(runner):
     flag that spawns workers instead, before anything starts."""
     import subprocess
     import sys
+
     from conftest import ALGOS, child_env
-    proc = subprocess.run([sys.executable, str(ALGOS / "a3c.py")], cwd=runner.cwd, capture_output=True, text=True,
-                          env=dict(child_env(), WORLD_SIZE="2", RANK="0", LOCAL_RANK="0"), timeout=60)
+
+    proc = subprocess.run(
+        [sys.executable, str(ALGOS / "a3c.py")],
+        cwd=runner.cwd,
+        capture_output=True,
+        text=True,
+        env=dict(child_env(), WORLD_SIZE="2", RANK="0", LOCAL_RANK="0"),
+        timeout=60,
+    )
     assert_bad_argument(proc, "num-workers", runner.cwd)
 
 
-@pytest.mark.parametrize("args,name", bad_cases([
-    (["--seed", -1], "seed"), (["--env-id", "NoSuchEnv-v0"], "env-id"), (["--t-max", 0], "t-max"),
-    (["--num-workers", -1], "num-workers"), (["--gamma", 1.5], "gamma"), (["--rmsprop-eps", 0], "rmsprop-eps"),
-    (["--env-id", "Pong-v5", "--num-envs", 0], "num-envs"), (["--capture-video", "--t-max", 5], "capture-video")]))
+@pytest.mark.parametrize(
+    "args,name",
+    bad_cases(
+        [
+            (["--seed", -1], "seed"),
+            (["--env-id", "NoSuchEnv-v0"], "env-id"),
+            (["--t-max", 0], "t-max"),
+            (["--num-workers", -1], "num-workers"),
+            (["--gamma", 1.5], "gamma"),
+            (["--rmsprop-eps", 0], "rmsprop-eps"),
+            (["--env-id", "Pong-v5", "--num-envs", 0], "num-envs"),
+            (["--capture-video", "--t-max", 5], "capture-video"),
+        ]
+    ),
+)
 def test_bad_arguments(runner, args, name):
     assert_bad_argument(runner.run("a3c", *args), name, runner.cwd)
