@@ -10,7 +10,9 @@ all-reduce gradients.
   python algos/impala.py                                            # 1 learner + one actor per core, CartPole-v1
   torchrun --standalone --nproc_per_node=2 algos/impala.py          # 2 learners, each with its own actors
 """
+
 import ctypes
+import hashlib
 import json
 import math
 import os
@@ -19,38 +21,20 @@ import random
 import signal
 import sys
 import time
-import types
 import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Optional
 
-
-def process_start_time() -> float:
-    """Wall-clock time at which this process started (Linux /proc), so start-up and imports are counted."""
-    try:
-        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
-            ticks, up = int(stat.read().rsplit(")", 1)[1].split()[19]), float(uptime.read().split()[0])
-        return time.time() - up + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return time.time()
-
-
-PROCESS_START = process_start_time()
-
-# `import envpool` registers every env family it ships. Four of them cost ~0.6 s of start-up (jumanji's alone
-# imports matplotlib) and have no environment this file can train on; their registration is skipped.
-if "envpool" not in sys.modules:
-    for _name in ("jumanji", "pgx", "mujoco.dmc", "mujoco.playground"):
-        sys.modules[f"envpool.{_name}.registration"] = types.ModuleType(f"envpool.{_name}.registration")
-import envpool  # noqa: E402
-import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import tyro  # noqa: E402
+import envpool
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import tyro
+from torch.utils.tensorboard import SummaryWriter
 
 
 @dataclass
@@ -120,14 +104,17 @@ def fail(arg: str, message: str) -> None:
 
 
 def validate(args: Args) -> None:
-    if not 0 <= args.seed < 2**30:  # env seeds add offsets to it and must stay 32-bit
+    # env seeds add offsets to the seed and must stay 32-bit
+    if not 0 <= args.seed < 2**30:
         fail("seed", f"must be in [0, 2**30), got {args.seed}")
-    for name in ["total_timesteps", "num_envs", "unroll_length", "batch_size", "eval_episodes", "learning_rate",
-                 "rho_bar", "c_bar", "rmsprop_eps", "adam_eps", "clip_reward"]:
+    positive = ["total_timesteps", "num_envs", "unroll_length", "batch_size", "eval_episodes", "learning_rate"]
+    positive += ["rho_bar", "c_bar", "rmsprop_eps", "adam_eps", "clip_reward"]
+    for name in positive:
         if getattr(args, name) <= 0:
             fail(name, f"must be positive, got {getattr(args, name)}")
-    for name in ["torch_threads", "env_threads", "num_actors", "num_buffers", "checkpoint_every", "ent_coef",
-                 "vf_coef", "max_grad_norm"]:
+    not_negative = ["torch_threads", "env_threads", "num_actors", "num_buffers", "checkpoint_every", "ent_coef"]
+    not_negative += ["vf_coef", "max_grad_norm"]
+    for name in not_negative:
         if getattr(args, name) < 0:
             fail(name, f"must not be negative, got {getattr(args, name)}")
     for name in ["gamma", "vtrace_lambda", "rmsprop_alpha"]:
@@ -135,16 +122,20 @@ def validate(args: Args) -> None:
             fail(name, f"must be in (0, 1], got {getattr(args, name)}")
     if args.batch_size % args.num_envs:
         fail("batch_size", f"{args.batch_size} is not a multiple of --num-envs {args.num_envs}")
-    unrolls, actors = args.batch_size // args.num_envs, default_num_actors(args)
+    unrolls = args.batch_size // args.num_envs
+    actors = default_num_actors(args)
     if args.deterministic and unrolls % actors:
-        fail("num_actors", f"{actors} actors do not divide the {unrolls} unrolls of a batch (needed by --deterministic)")
+        fail(
+            "num_actors", f"{actors} actors do not divide the {unrolls} unrolls of a batch (needed by --deterministic)"
+        )
     if args.num_buffers and args.num_buffers < (2 * unrolls if args.deterministic else unrolls):
-        fail("num_buffers", f"{args.num_buffers} is too few for {unrolls} unrolls per batch"
-             f"{' (--deterministic needs two batches)' if args.deterministic else ''}")
+        needs = " (--deterministic needs two batches)" if args.deterministic else ""
+        fail("num_buffers", f"{args.num_buffers} is too few for {unrolls} unrolls per batch{needs}")
     if args.env_id not in envpool.list_all_envs():
         fail("env_id", f"'{args.env_id}' is not an envpool environment")
     spec = envpool.make_spec(args.env_id)
-    obs_space, act_space = spec.observation_space, spec.action_space
+    obs_space = spec.observation_space
+    act_space = spec.action_space
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
         fail("env_id", f"'{args.env_id}' has observation space {obs_space}; IMPALA here needs a flat or image Box")
     if not isinstance(act_space, gym.spaces.Discrete):
@@ -161,17 +152,25 @@ def validate(args: Args) -> None:
 def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, **kwargs):
     """An envpool batch. Env i of the batch is seeded with seed + i. Atari gets DeepMind preprocessing."""
     extra = {}
-    if len(envpool.make_spec(env_id).observation_space.shape) == 3:  # Atari: 84x84 grey, 4 stacked, skip 4
+    # Atari: 84x84 grey, 4 stacked, skip 4
+    if len(envpool.make_spec(env_id).observation_space.shape) == 3:
         extra = dict(episodic_life=True, reward_clip=True, noop_max=30, repeat_action_probability=0.0)
     extra.update(kwargs)
-    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_threads=num_threads,
-                        thread_affinity_offset=-1, **extra)
+    return envpool.make(
+        env_id,
+        env_type="gymnasium",
+        num_envs=num_envs,
+        seed=seed,
+        num_threads=num_threads,
+        thread_affinity_offset=-1,
+        **extra,
+    )
 
 
-def env_seed(args: Args, rank: int, actor: int, update: int) -> int:
-    """Seed of env 0 of `actor` on `rank` when actors start at `update`: distinct for every env, actor, rank and
+def env_seed(args: Args, actor: int, update: int) -> int:
+    """Seed of env 0 of `actor` on this rank when actors start at `update`: distinct for every env, actor, rank and
     restart point."""
-    return args.seed + ((update * args.world_size + rank) * args.num_actors + actor) * args.num_envs
+    return args.seed + ((update * args.world_size + args.rank) * args.num_actors + actor) * args.num_envs
 
 
 # ----------------------------------------------------------------------------------------------- networks
@@ -182,8 +181,13 @@ def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -
 
 
 def mlp(n_in: int, n_out: int, out_std: float) -> nn.Module:
-    return nn.Sequential(layer_init(nn.Linear(n_in, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
-                         layer_init(nn.Linear(64, n_out), out_std))
+    return nn.Sequential(
+        layer_init(nn.Linear(n_in, 64)),
+        nn.Tanh(),
+        layer_init(nn.Linear(64, 64)),
+        nn.Tanh(),
+        layer_init(nn.Linear(64, n_out), out_std),
+    )
 
 
 class ResidualBlock(nn.Module):
@@ -199,11 +203,16 @@ class ResidualBlock(nn.Module):
 def resnet_torso(in_channels: int) -> nn.Module:
     """The paper's deep network (Figure 3, right): three sections of conv 3x3, max-pool 3x3 stride 2 and two
     residual blocks, with 16, 32, 32 channels; then ReLU and a 256-unit fully connected layer."""
-    layers, c = [], in_channels
+    layers = []
+    channels = in_channels
     for out in (16, 32, 32):
-        layers += [nn.Conv2d(c, out, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
-                   ResidualBlock(out), ResidualBlock(out)]
-        c = out
+        layers += [
+            nn.Conv2d(channels, out, 3, padding=1),
+            nn.MaxPool2d(3, stride=2, padding=1),
+            ResidualBlock(out),
+            ResidualBlock(out),
+        ]
+        channels = out
     return nn.Sequential(*layers, nn.ReLU(), nn.Flatten(), nn.Linear(32 * 11 * 11, 256), nn.ReLU())
 
 
@@ -212,12 +221,14 @@ class RunningMeanStd(nn.Module):
 
     def __init__(self, shape=()):
         super().__init__()
-        for name, value in (("mean", torch.zeros(shape)), ("var", torch.ones(shape)), ("count", torch.zeros(()))):
-            self.register_buffer(name, value.double())
+        self.register_buffer("mean", torch.zeros(shape).double())
+        self.register_buffer("var", torch.ones(shape).double())
+        self.register_buffer("count", torch.zeros(()).double())
 
     def load(self, mean, var, count) -> None:
-        for buffer, value in zip((self.mean, self.var, self.count), (mean, var, count)):
-            buffer.copy_(value)
+        self.mean.copy_(mean)
+        self.var.copy_(var)
+        self.count.copy_(count)
 
 
 class Agent(nn.Module):
@@ -226,28 +237,40 @@ class Agent(nn.Module):
     (docs/conventions.md). `forward` takes a time axis, [T, N, ...], so actors (T = 1) and the learner
     (T = unroll + 1) share it. With norm_reward, `return_rms` holds the reward scaler's statistics (learner only)."""
 
-    def __init__(self, obs_shape, num_actions: int, network: str = "auto", use_lstm: bool = False,
-                 norm_reward: bool = False):
+    def __init__(
+        self, obs_shape, num_actions: int, network: str = "auto", use_lstm: bool = False, norm_reward: bool = False
+    ):
         super().__init__()
         self.image = len(obs_shape) == 3
-        network = ("nature" if self.image else "mlp") if network == "auto" else network
+        if network == "auto":
+            network = "nature" if self.image else "mlp"
         if network == "mlp":
-            self.torso, width = nn.Identity(), int(np.prod(obs_shape))
+            self.torso = nn.Identity()
+            width = int(np.prod(obs_shape))
         elif network == "nature":
             self.torso = nn.Sequential(
-                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)), nn.ReLU(),
-                layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-                layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten(),
-                layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU())
+                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)),
+                nn.ReLU(),
+                layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+                nn.ReLU(),
+                layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+                nn.ReLU(),
+                nn.Flatten(),
+                layer_init(nn.Linear(64 * 7 * 7, 512)),
+                nn.ReLU(),
+            )
             width = 512
         else:
-            self.torso, width = resnet_torso(obs_shape[0]), 256
+            self.torso = resnet_torso(obs_shape[0])
+            width = 256
         self.core = nn.LSTMCell(width, 64 if network == "mlp" else 256) if use_lstm else None
         width = self.core.hidden_size if use_lstm else width
         if network == "mlp":
-            self.policy, self.baseline = mlp(width, num_actions, 0.01), mlp(width, 1, 1.0)
+            self.policy = mlp(width, num_actions, 0.01)
+            self.baseline = mlp(width, 1, 1.0)
         else:
-            self.policy, self.baseline = layer_init(nn.Linear(width, num_actions), 0.01), layer_init(nn.Linear(width, 1), 1.0)
+            self.policy = layer_init(nn.Linear(width, num_actions), 0.01)
+            self.baseline = layer_init(nn.Linear(width, 1), 1.0)
         self.return_rms = RunningMeanStd() if norm_reward else None
 
     def initial_state(self, n: int, device=None):
@@ -262,21 +285,36 @@ class Agent(nn.Module):
         x = obs.reshape((T * N,) + obs.shape[2:]).float()
         h = self.torso(x / 255.0 if self.image else x)
         if self.core is not None:
-            h, outs = h.view(T, N, -1), []
-            hx, cx = state[0], state[1]
+            h = h.view(T, N, -1)
+            outs = []
+            hx, cx = state
             for t in range(T):
                 hx, cx = self.core(h[t], (hx, cx))
                 outs.append(hx)
                 keep = valid[t].unsqueeze(-1)
-                hx, cx = hx * keep, cx * keep
-            h, state = torch.stack(outs).view(T * N, -1), torch.stack([hx, cx])
+                hx = hx * keep
+                cx = cx * keep
+            h = torch.stack(outs).view(T * N, -1)
+            state = torch.stack([hx, cx])
         return self.policy(h).view(T, N, -1), self.baseline(h).view(T, N), state
 
 
 # ----------------------------------------------------------------------------------------------- algorithm
 @torch.no_grad()
-def vtrace(behaviour_logp, target_logp, rewards, values, bootstrap_value, terms, dones, valid,
-           gamma: float, rho_bar: float = 1.0, c_bar: float = 1.0, lam: float = 1.0):
+def vtrace(
+    behaviour_logp,
+    target_logp,
+    rewards,
+    values,
+    bootstrap_value,
+    terms,
+    dones,
+    valid,
+    gamma: float,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+    lam: float = 1.0,
+):
     """V-trace targets v_s and policy-gradient advantages over a [T, B] batch (paper, Section 4.1):
 
       rho_t = min(rho_bar, pi/mu),  c_t = lam * min(c_bar, pi/mu)
@@ -287,7 +325,8 @@ def vtrace(behaviour_logp, target_logp, rewards, values, bootstrap_value, terms,
     V(x_T) is bootstrap_value. A truncated step bootstraps from the value of the final observation, which envpool
     returns as x_{t+1}. Steps with valid = 0 (envpool's reset step after an episode end) have v_s = V(x_s)."""
     ratio = (target_logp - behaviour_logp).exp()
-    rho, c = ratio.clamp(max=rho_bar), lam * ratio.clamp(max=c_bar)
+    rho = ratio.clamp(max=rho_bar)
+    c = lam * ratio.clamp(max=c_bar)
     discounts = gamma * (1.0 - terms)
     next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)])
     deltas = valid * rho * (rewards + discounts * next_values - values)
@@ -309,11 +348,23 @@ def impala_loss(agent: Agent, batch: dict, args: Args):
     valid_all = torch.cat([batch["valid"], torch.ones_like(batch["valid"][:1])])
     logits, values, _ = agent(batch["obs"], valid_all, batch["state"])
     logp_all = torch.log_softmax(logits[:T], dim=-1)
-    target_logp = logp_all.gather(-1, batch["actions"].unsqueeze(-1)).squeeze(-1)
-    behaviour_logp = torch.log_softmax(batch["logits"], dim=-1).gather(-1, batch["actions"].unsqueeze(-1)).squeeze(-1)
-    vs, pg_adv = vtrace(behaviour_logp, target_logp.detach(), batch["rewards"], values[:T].detach(), values[T].detach(),
-                        batch["terms"], batch["dones"], batch["valid"], args.gamma, args.rho_bar, args.c_bar,
-                        args.vtrace_lambda)
+    actions = batch["actions"].unsqueeze(-1)
+    target_logp = logp_all.gather(-1, actions).squeeze(-1)
+    behaviour_logp = torch.log_softmax(batch["logits"], dim=-1).gather(-1, actions).squeeze(-1)
+    vs, pg_adv = vtrace(
+        behaviour_logp,
+        target_logp.detach(),
+        batch["rewards"],
+        values[:T].detach(),
+        values[T].detach(),
+        batch["terms"],
+        batch["dones"],
+        batch["valid"],
+        args.gamma,
+        args.rho_bar,
+        args.c_bar,
+        args.vtrace_lambda,
+    )
     valid = batch["valid"]
     n = valid.sum().clamp(min=1.0)
     pg_loss = -(pg_adv * target_logp * valid).sum() / n
@@ -334,11 +385,13 @@ def rms_moments(x, weight, shift):
 def rms_merge(mean, var, count, moments):
     """(mean, var, count) after merging a batch given by its moments around `mean`: Chan et al.'s parallel
     variance update, written with f = n / (count + n) so that count 0 or an empty batch need no special case."""
-    d, n = mean.numel(), moments[0]
-    delta = moments[1:1 + d].view_as(mean) / n.clamp(min=1e-12)  # batch mean - running mean
-    batch_var = (moments[1 + d:].view_as(mean) / n.clamp(min=1e-12) - delta ** 2).clamp(min=0.0)
+    d = mean.numel()
+    n = moments[0]
+    # batch mean - running mean
+    delta = moments[1 : 1 + d].view_as(mean) / n.clamp(min=1e-12)
+    batch_var = (moments[1 + d :].view_as(mean) / n.clamp(min=1e-12) - delta**2).clamp(min=0.0)
     f = n / (count + n).clamp(min=1e-12)
-    return mean + f * delta, var + f * (batch_var - var) + f * (1 - f) * delta ** 2, count + n
+    return mean + f * delta, var + f * (batch_var - var) + f * (1 - f) * delta**2, count + n
 
 
 def scale_rewards(rewards, return_rms: RunningMeanStd, clip: float):
@@ -347,65 +400,58 @@ def scale_rewards(rewards, return_rms: RunningMeanStd, clip: float):
     return (rewards / torch.sqrt(return_rms.var + 1e-8)).clamp(-clip, clip)
 
 
-def rmsprop_step(params, grad: torch.Tensor, state: dict, lr: float, alpha: float = 0.99, eps: float = 0.01) -> None:
-    """RMSProp on the flat gradient vector, in torch.optim.RMSprop's form (bitwise equal to it, momentum 0):
-    v <- alpha v + (1 - alpha) g^2;  p <- p - lr g / (sqrt(v) + eps). Written out, as is Adam, because
-    constructing a torch.optim optimizer imports torch._dynamo (over a second of start-up)."""
-    state["step"] += 1
-    state["v"].mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
-    update = lr * grad / state["v"].sqrt().add_(eps)
-    apply_update(params, update)
+def flatten_parameters(agent: nn.Module) -> torch.Tensor:
+    """Make every parameter a view of one flat vector and every gradient a view of `flat.grad` (backward adds into
+    them in place), so that the all-reduce, the clip and the optimizer each act on one tensor. Call it after moving
+    the agent to its device. Returns the flat vector."""
+    params = list(agent.parameters())
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    flat.grad = torch.zeros_like(flat)
+    offset = 0
+    for p in params:
+        p.data = flat[offset : offset + p.numel()].view_as(p)
+        p.grad = flat.grad[offset : offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return flat
 
 
-def adam_step(params, grad: torch.Tensor, state: dict, lr: float, betas=(0.9, 0.999), eps: float = 1e-5) -> None:
-    """Adam (Kingma & Ba, 2015) on the flat gradient vector, in torch.optim.Adam's order of operations:
-    equals torch.optim.Adam(params, lr, betas, eps).step() (tested bitwise)."""
-    b1, b2 = betas
-    state["step"] += 1
-    state["m"].lerp_(grad, 1 - b1)
-    state["v"].mul_(b2).addcmul_(grad, grad, value=1 - b2)
-    denom = (state["v"].sqrt() / math.sqrt(1 - b2 ** state["step"])).add_(eps)
-    apply_update(params, (lr / (1 - b1 ** state["step"])) * state["m"] / denom)
-
-
-def apply_update(params, update: torch.Tensor) -> None:
-    with torch.no_grad():
-        offset = 0
-        for p in params:
-            p.sub_(update[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
-
-
-def optimizer_init(params) -> dict:
-    n = sum(p.numel() for p in params)
-    return {"step": 0, "m": torch.zeros(n, device=params[0].device), "v": torch.zeros(n, device=params[0].device)}
-
-
-def clip_grad(grad: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """Scale the flat gradient to a global norm of at most max_norm (as torch.nn.utils.clip_grad_norm_)."""
-    return grad.mul_(torch.clamp(max_norm / (grad.norm() + 1e-6), max=1.0))
+def make_optimizer(args: Args, flat: torch.Tensor) -> torch.optim.Optimizer:
+    """RMSProp (the paper's, momentum 0) or Adam, on the flat parameter vector."""
+    if args.optimizer == "rmsprop":
+        return torch.optim.RMSprop([flat], lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
+    return torch.optim.Adam([flat], lr=args.learning_rate, eps=args.adam_eps)
 
 
 # ----------------------------------------------------------------------------------------------- roles
-def shared_buffers(args: Args, spec, num_buffers: int, state_width: int) -> dict:
+def unroll_buffers(args: Args, spec, num_buffers: int, state_width: int) -> dict:
     """Preallocated unroll buffers in shared memory, [K, ...] for K buffers: observations x_0..x_T, and per step t
     the action, behaviour logits, reward, terminated, done (terminated or truncated), valid, the discounted return
     so far (the reward scaler's statistic), the return and length of an episode that ended at t (NaN elsewhere);
-    the LSTM state before x_0; who produced it, with what version."""
-    T, N, A, obs_shape = args.unroll_length, args.num_envs, spec.action_space.n, spec.observation_space.shape
-    b = {"obs": torch.zeros((num_buffers, T + 1, N) + obs_shape, dtype=torch.uint8 if len(obs_shape) == 3 else torch.float32),
-         "actions": torch.zeros((num_buffers, T, N), dtype=torch.long), "logits": torch.zeros((num_buffers, T, N, A)),
-         "state": torch.zeros((num_buffers, 2, N, state_width)),
-         "meta": torch.zeros((num_buffers, 3), dtype=torch.long)}  # parameter version, actor, sequence number
-    for k in ["rewards", "terms", "dones", "valid", "returns", "ep_return", "ep_length"]:
-        b[k] = torch.zeros((num_buffers, T, N))
-    return {k: v.share_memory_() for k, v in b.items()}
+    the LSTM state before x_0; who produced it (version of its parameters, actor, sequence number)."""
+    unroll_length = args.unroll_length
+    num_envs = args.num_envs
+    obs_shape = spec.observation_space.shape
+    obs_dtype = torch.uint8 if len(obs_shape) == 3 else torch.float32
+    buffers = {
+        "obs": torch.zeros((num_buffers, unroll_length + 1, num_envs) + obs_shape, dtype=obs_dtype),
+        "actions": torch.zeros((num_buffers, unroll_length, num_envs), dtype=torch.long),
+        "logits": torch.zeros((num_buffers, unroll_length, num_envs, spec.action_space.n)),
+        "state": torch.zeros((num_buffers, 2, num_envs, state_width)),
+        "meta": torch.zeros((num_buffers, 3), dtype=torch.long),
+    }
+    for key in ["rewards", "terms", "dones", "valid", "returns", "ep_return", "ep_length"]:
+        buffers[key] = torch.zeros((num_buffers, unroll_length, num_envs))
+    return {key: buffer.share_memory_() for key, buffer in buffers.items()}
 
 
 class ParameterStore:
     """The learner's latest parameters in shared memory, double-buffered: version v lives in slot v % 2. A
     sequence counter per slot (odd while it is written) lets actors copy without a lock, so an actor killed in
-    the middle of a copy cannot block anyone."""
+    the middle of a copy cannot block anyone.
+
+    The lock-free protocol relies on x86's memory ordering (stores become visible in program order, loads are not
+    reordered with other loads): a reader that sees the counter even and unchanged around its copy saw the whole
+    slot. On weakly ordered CPUs (ARM, POWER) it would need memory fences or a lock; no such machine was tested."""
 
     def __init__(self, num_params: int):
         self.slots = torch.zeros(2, num_params).share_memory_()
@@ -414,28 +460,28 @@ class ParameterStore:
         self.version = torch.full((1,), -1, dtype=torch.long).share_memory_()
 
     def publish(self, flat: torch.Tensor, version: int) -> None:
-        s = version % 2
-        self.seq[s] += 1
-        self.slots[s].copy_(flat)
-        self.slot_version[s] = version
-        self.seq[s] += 1
+        slot = version % 2
+        self.seq[slot] += 1
+        self.slots[slot].copy_(flat)
+        self.slot_version[slot] = version
+        self.seq[slot] += 1
         self.version[0] = version
 
     def read(self, out: torch.Tensor, version: Optional[int] = None) -> int:
         """Copy version `version` (None: the latest) into out; waits until it is published. Returns the version."""
         while True:
-            v = int(self.version[0]) if version is None else version
-            if v < 0 or int(self.version[0]) < v:
+            wanted = int(self.version[0]) if version is None else version
+            if wanted < 0 or int(self.version[0]) < wanted:
                 time.sleep(0.0005)
                 continue
-            s = v % 2
-            before = int(self.seq[s])
-            if before % 2 == 0 and int(self.slot_version[s]) == v:
-                out.copy_(self.slots[s])
-                if int(self.seq[s]) == before:
-                    return v
-            if version is not None and int(self.version[0]) > v + 1:
-                raise RuntimeError(f"parameter version {v} was overwritten before it was read")
+            slot = wanted % 2
+            before = int(self.seq[slot])
+            if before % 2 == 0 and int(self.slot_version[slot]) == wanted:
+                out.copy_(self.slots[slot])
+                if int(self.seq[slot]) == before:
+                    return wanted
+            if version is not None and int(self.version[0]) > wanted + 1:
+                raise RuntimeError(f"parameter version {wanted} was overwritten before it was read")
 
 
 def flat_params(agent: nn.Module) -> torch.Tensor:
@@ -446,66 +492,78 @@ def load_flat(agent: nn.Module, flat: torch.Tensor) -> None:
     torch.nn.utils.vector_to_parameters(flat, agent.parameters())
 
 
-def actor_loop(actor: int, args: Args, spec, buffers: dict, store: ParameterStore, free_q, full_q,
-               start_update: int) -> None:
+def actor_loop(actor: int, args: Args, spec, buffers: dict, store: ParameterStore, free_q, full_q, start_update: int):
     """One actor: step an envpool batch with a local copy of the policy; fill a free buffer with an unroll, pass
     its index to the learner through the full queue, repeat. Default mode: the latest parameters before every
     unroll. Deterministic mode: the unrolls of round r (those the learner consumes in update r) use the
     parameters of version r - 1, i.e. exactly one update old (the first round after a start uses the current)."""
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the learner, whatever kills it
-    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)
+    # PR_SET_PDEATHSIG: die with the learner, whatever kills it; signals are the learner's to handle
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    for signal_number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(signal_number, signal.SIG_IGN)
     torch.set_num_threads(1)
-    T, N = args.unroll_length, args.num_envs
-    seed = env_seed(args, args.rank, actor, start_update)
-    envs, generator = make_env(args.env_id, N, seed, args.env_threads or 1), torch.Generator().manual_seed(seed)
+    num_envs = args.num_envs
+    seed = env_seed(args, actor, start_update)
+    envs = make_env(args.env_id, num_envs, seed, args.env_threads or 1)
+    generator = torch.Generator().manual_seed(seed)
     agent = Agent(spec.observation_space.shape, spec.action_space.n, args.network, args.use_lstm)
     flat = flat_params(agent)
-    obs, valid, state = torch.as_tensor(envs.reset()[0]), torch.ones(N), agent.initial_state(N)
-    ep_return, ep_length, prev_done = np.zeros(N), np.zeros(N), np.zeros(N, dtype=bool)
-    ret_acc = np.zeros(N)  # discounted return along each env, R_t = gamma R_{t-1} + r_t, reset after an episode end
-    per_round = args.unrolls_per_batch // args.num_actors
-    loaded, sequence = -1, 0
+    obs = torch.as_tensor(envs.reset()[0])
+    valid = torch.ones(num_envs)
+    state = agent.initial_state(num_envs)
+    episode_return = np.zeros(num_envs)
+    episode_length = np.zeros(num_envs)
+    previous_done = np.zeros(num_envs, dtype=bool)
+    # discounted return along each env, R_t = gamma R_{t-1} + r_t, reset after an episode end
+    discounted_return = np.zeros(num_envs)
+    unrolls_per_round = args.unrolls_per_batch // args.num_actors
+    loaded = -1
+    sequence = 0
     while True:
         # Deterministic mode: the parameters of this round's version first (waiting for it if need be), then a
         # buffer. Default mode: a buffer first, then the latest parameters, so that an actor held up by
         # backpressure does not start its unroll with parameters from before the wait (the paper fetches the
         # latest before each trajectory).
         if args.deterministic:
-            rnd = start_update + sequence // per_round
-            wanted = max(rnd - 1, start_update)
+            wanted = max(start_update + sequence // unrolls_per_round - 1, start_update)
             if wanted != loaded:
                 loaded = store.read(flat, wanted)
                 load_flat(agent, flat)
         k = free_q.get()
-        if not args.deterministic and int(store.version[0]) != loaded:  # new parameters since the last unroll
+        if not args.deterministic and int(store.version[0]) != loaded:
             loaded = store.read(flat)
             load_flat(agent, flat)
         buffers["state"][k] = state
-        for t in range(T):
+        for t in range(args.unroll_length):
             buffers["obs"][k, t] = obs
             with torch.no_grad():
                 logits, _, state = agent(obs.unsqueeze(0), valid.unsqueeze(0), state)
             logits = logits[0]
             action = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(-1)
-            buffers["logits"][k, t], buffers["actions"][k, t], buffers["valid"][k, t] = logits, action, valid
-            o, r, term, trunc, info = envs.step(action.numpy())
-            done = term | trunc
+            buffers["logits"][k, t] = logits
+            buffers["actions"][k, t] = action
+            buffers["valid"][k, t] = valid
+            next_obs, reward, terminated, truncated, info = envs.step(action.numpy())
+            done = terminated | truncated
             # Episode statistics (Atari: raw rewards and real game over); the reset step after an end adds nothing.
-            ep_return += info.get("reward", r) * ~prev_done
-            ep_length += ~prev_done
-            ended = (info["terminated"].astype(bool) | trunc) if "terminated" in info else done
-            buffers["ep_return"][k, t] = torch.as_tensor(np.where(ended, ep_return, np.nan))
-            buffers["ep_length"][k, t] = torch.as_tensor(ep_length)
-            ep_return[ended], ep_length[ended], prev_done = 0.0, 0, done
-            buffers["rewards"][k, t] = torch.as_tensor(r)
-            ret_acc = ret_acc * args.gamma + r
-            buffers["returns"][k, t] = torch.as_tensor(ret_acc)
-            ret_acc[done] = 0.0
-            buffers["terms"][k, t] = torch.as_tensor(term)
+            episode_return += info.get("reward", reward) * ~previous_done
+            episode_length += ~previous_done
+            ended = (info["terminated"].astype(bool) | truncated) if "terminated" in info else done
+            buffers["ep_return"][k, t] = torch.as_tensor(np.where(ended, episode_return, np.nan))
+            buffers["ep_length"][k, t] = torch.as_tensor(episode_length)
+            episode_return[ended] = 0.0
+            episode_length[ended] = 0
+            previous_done = done
+            buffers["rewards"][k, t] = torch.as_tensor(reward)
+            discounted_return = discounted_return * args.gamma + reward
+            buffers["returns"][k, t] = torch.as_tensor(discounted_return)
+            discounted_return[done] = 0.0
+            buffers["terms"][k, t] = torch.as_tensor(terminated)
             buffers["dones"][k, t] = torch.as_tensor(done)
-            obs, valid = torch.as_tensor(o), torch.as_tensor(~done, dtype=torch.float32)
-        buffers["obs"][k, T] = obs  # x_T bootstraps this unroll and is also x_0 of this actor's next one
+            obs = torch.as_tensor(next_obs)
+            valid = torch.as_tensor(~done, dtype=torch.float32)
+        # x_T bootstraps this unroll and is also x_0 of this actor's next one
+        buffers["obs"][k, args.unroll_length] = obs
         buffers["meta"][k] = torch.tensor([loaded, actor, sequence])
         full_q.put(k)
         sequence += 1
@@ -515,11 +573,28 @@ class ActorDied(RuntimeError):
     """An actor (or, in SEED, the link to it) is gone: the job ends non-zero."""
 
 
+def start_actors(args: Args, spec, buffers: dict, store: ParameterStore, num_buffers: int, start_update: int):
+    """Fork the actor processes (before the learner computes anything) around bounded free/full index queues, every
+    buffer free. Returns (actors, free_q, full_q)."""
+    context = mp.get_context("fork")
+    free_q = context.Queue(maxsize=num_buffers)
+    full_q = context.Queue(maxsize=num_buffers)
+    for k in range(num_buffers):
+        free_q.put(k)
+    actors = []
+    for actor in range(args.num_actors):
+        actor_args = (actor, args, spec, buffers, store, free_q, full_q, start_update)
+        actors.append(context.Process(target=actor_loop, args=actor_args, daemon=True))
+    for process in actors:
+        process.start()
+    return actors, free_q, full_q
+
+
 def next_batch(args: Args, buffers: dict, free_q, full_q, actors: list, pending: dict, update: int, start_update: int):
     """Indices of the unrolls for `update`, waiting on the full queue while watching the actors. Default mode:
     the first unrolls_per_batch to arrive. Deterministic mode: round `update`'s unrolls in (sequence, actor) order;
     unrolls of the next round that arrive early wait in `pending`."""
-    per_round = args.unrolls_per_batch // args.num_actors
+    unrolls_per_round = args.unrolls_per_batch // args.num_actors
     chosen = []
     while True:
         if args.deterministic:
@@ -533,33 +608,94 @@ def next_batch(args: Args, buffers: dict, free_q, full_q, actors: list, pending:
             k = full_q.get(timeout=0.5)
         except queue.Empty:
             k = None
-        for i, p in enumerate(actors):  # checked at every unroll: the other actors may keep the queue busy
-            if p.exitcode is not None:
-                raise ActorDied(f"actor {i} (pid {p.pid}) exited with code {p.exitcode}")
+        # checked at every unroll: the other actors may keep the queue busy
+        for actor, process in enumerate(actors):
+            if process.exitcode is not None:
+                raise ActorDied(f"actor {actor} (pid {process.pid}) exited with code {process.exitcode}")
         if k is None:
             continue
         if args.deterministic:
             _, actor, sequence = buffers["meta"][k].tolist()
-            pending.setdefault(start_update + sequence // per_round, []).append((sequence, actor, k))
+            pending.setdefault(start_update + sequence // unrolls_per_round, []).append((sequence, actor, k))
         else:
             chosen.append(k)
 
 
+def take_batch(buffers: dict, indices: list, free_q, device):
+    """Copy the unrolls out ([K, T, N] -> [T, K*N]) and hand their buffers straight back to the actors. Returns the
+    batch (on the device), the discounted returns (the reward scaler's statistic), the versions of the parameters
+    that produced the unrolls, and the (return, length) of the episodes that ended in them."""
+    index = torch.tensor(indices)
+    batch = {key: buffer[index].transpose(0, 1).flatten(1, 2) for key, buffer in buffers.items() if key != "meta"}
+    versions = buffers["meta"][index][:, 0]
+    for k in indices:
+        free_q.put(k)
+    episode_return = batch.pop("ep_return")
+    episode_length = batch.pop("ep_length")
+    returns = batch.pop("returns")
+    ended = ~torch.isnan(episode_return)
+    finished = list(zip(episode_return[ended].tolist(), episode_length[ended].tolist(), strict=True))
+    batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+    return batch, returns, versions, finished
+
+
+def learner_step(args: Args, agent: Agent, optimizer, flat: torch.Tensor, batch: dict, returns, stop: dict):
+    """One update: rewards scaled by the statistics before this batch, the V-trace loss and its gradient; one
+    all-reduce carries the gradients (averaged over ranks), the counters (steps, ranks asked to stop) and the
+    moments of this batch's discounted returns (summed), so that the reward scaler is the same on every rank; then
+    the clip and the optimizer's step. Returns the losses and the summed counters."""
+    return_rms = agent.return_rms
+    if return_rms is not None:
+        batch["rewards"] = scale_rewards(batch["rewards"], return_rms, args.clip_reward)
+    loss, losses = impala_loss(agent, batch, args)
+    # zeroed in place: the parameters' gradients are views of flat.grad
+    optimizer.zero_grad(set_to_none=False)
+    loss.backward()
+    steps = float(args.batch_size * args.unroll_length)
+    counters = torch.tensor([steps, float(stop["signal"] != 0)], device=flat.device)
+    moments = counters[:0]
+    if return_rms is not None:
+        moments = rms_moments(returns.to(flat.device), batch["valid"].reshape(-1), return_rms.mean)
+    if args.world_size > 1:
+        n = flat.numel()
+        reduced = torch.cat([flat.grad, counters, moments.to(flat.dtype)])
+        dist.all_reduce(reduced)
+        flat.grad.copy_(reduced[:n] / args.world_size)
+        counters = reduced[n : n + 2]
+        moments = reduced[n + 2 :].to(moments.dtype)
+    if return_rms is not None:
+        return_rms.load(*rms_merge(return_rms.mean, return_rms.var, return_rms.count, moments))
+    torch.nn.utils.clip_grad_norm_([flat], args.max_grad_norm)
+    optimizer.step()
+    return losses, counters
+
+
+def learning_rate(args: Args, update: int) -> float:
+    """Annealed linearly to zero over the run (as in the paper), or constant."""
+    if args.anneal_lr:
+        return args.learning_rate * (1.0 - update / args.num_updates)
+    return args.learning_rate
+
+
 def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device, video_dir: Optional[str] = None):
     """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short episodes)."""
-    envs = make_env(env_id, episodes, seed, **(dict(episodic_life=False, reward_clip=False) if agent.image else {}))
+    options = dict(episodic_life=False, reward_clip=False) if agent.image else {}
+    envs = make_env(env_id, episodes, seed, **options)
     obs, _ = envs.reset()
-    returns, done = np.zeros(episodes), np.zeros(episodes, dtype=bool)
-    state, valid, frames = agent.initial_state(episodes, device), torch.ones(1, episodes, device=device), []
+    returns = np.zeros(episodes)
+    done = np.zeros(episodes, dtype=bool)
+    state = agent.initial_state(episodes, device)
+    valid = torch.ones(1, episodes, device=device)
+    frames = []
     while not done.all():
         with torch.no_grad():
             logits, _, state = agent(torch.as_tensor(obs, device=device).unsqueeze(0), valid, state)
-        obs, r, term, trunc, info = envs.step(logits[0].argmax(-1).cpu().numpy())
-        returns += info.get("reward", r) * ~done
+        obs, reward, terminated, truncated, info = envs.step(logits[0].argmax(-1).cpu().numpy())
+        returns += info.get("reward", reward) * ~done
         if video_dir is not None and not done[0]:
             frames.append(obs[0, -1])
-        done |= (info["terminated"].astype(bool) if "terminated" in info else term) | trunc
-        valid = torch.as_tensor(~(term | trunc), dtype=torch.float32, device=device).unsqueeze(0)
+        done |= (info["terminated"].astype(bool) if "terminated" in info else terminated) | truncated
+        valid = torch.as_tensor(~(terminated | truncated), dtype=torch.float32, device=device).unsqueeze(0)
     if frames:
         os.makedirs(video_dir, exist_ok=True)
         np.savez_compressed(os.path.join(video_dir, "eval_episode0.npz"), frames=np.stack(frames))
@@ -567,16 +703,216 @@ def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device, video_
     return returns
 
 
-def save_checkpoint(path: str, payload: dict) -> None:  # atomic: a temporary file beside the target, renamed over it
-    tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+# ----------------------------------------------------------------------------------------------- bookkeeping
+def process_start_time() -> float:
+    """When this process started (Linux /proc), so that startup_s also counts the imports."""
+    with open("/proc/self/stat") as stat:
+        start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as uptime:
+        uptime_s = float(uptime.read().split()[0])
+    return time.time() - uptime_s + start_ticks / os.sysconf("SC_CLK_TCK")
 
 
+def new_progress() -> dict:
+    """Everything a resumed run continues from; every time in it is a whole-run figure (docs/conventions.md §1a)."""
+    return {
+        "update": 0,
+        "global_step": 0,
+        "startup_s": 0.0,
+        "train_time_s": 0.0,
+        "wall_time_s": 0.0,
+        "time_to_threshold_s": None,
+        "threshold_step": None,
+        "recent_returns": deque(maxlen=20),
+    }
+
+
+def new_stats() -> dict:
+    """This segment's learner figures: the policy lag of every update; the last update's wait for its batch, its
+    compute and its losses."""
+    return {"lags": [], "wait_s": 0.0, "learn_s": 0.0, "losses": torch.zeros(3)}
+
+
+def start_clock(progress: dict) -> float:
+    """Training starts now: add this segment's start-up (process start to now) to the whole-run times."""
+    now = time.time()
+    startup = now - process_start_time()
+    progress["startup_s"] += startup
+    progress["wall_time_s"] += startup
+    return now
+
+
+def advance_clock(progress: dict, since: float, training: bool = True) -> float:
+    """Add the time since `since` to the whole-run wall time (and training time); returns now."""
+    now = time.time()
+    progress["wall_time_s"] += now - since
+    if training:
+        progress["train_time_s"] += now - since
+    return now
+
+
+def record_returns(progress: dict, returns: list, threshold) -> None:
+    """Finished training episodes; the first time the last-20 mean reaches the threshold is kept."""
+    for episode_return in returns:
+        progress["recent_returns"].append(episode_return)
+        recent = progress["recent_returns"]
+        reached = threshold is not None and len(recent) == recent.maxlen and np.mean(recent) >= threshold
+        if reached and progress["time_to_threshold_s"] is None:
+            progress["time_to_threshold_s"] = progress["train_time_s"]
+            progress["threshold_step"] = progress["global_step"]
+
+
+def log_update(writer, progress: dict, finished: list, scalars: dict) -> None:
+    """TensorBoard points of one iteration: its finished episodes, then the named scalars."""
+    step = progress["global_step"]
+    for episode_return, episode_length in finished:
+        writer.add_scalar("charts/episodic_return", episode_return, step)
+        writer.add_scalar("charts/episodic_length", episode_length, step)
+    for key, value in scalars.items():
+        writer.add_scalar(key, value, step)
+
+
+def learner_scalars(progress: dict, stats: dict, optimizer, full_q) -> dict:
+    """TensorBoard scalars of the last update."""
+    scalars = {
+        "charts/learning_rate": optimizer.param_groups[0]["lr"],
+        "charts/SPS": progress["global_step"] / progress["train_time_s"],
+        "charts/policy_lag": stats["lags"][-1],
+        "stats/learner_wait_s": stats["wait_s"],
+        "stats/learn_time_s": stats["learn_s"],
+        "stats/full_queue": full_q.qsize(),
+    }
+    losses = stats["losses"].tolist()
+    scalars.update(zip(["losses/policy_loss", "losses/value_loss", "losses/entropy"], losses, strict=True))
+    return scalars
+
+
+def print_progress(progress: dict, num_updates: int, last_print: float) -> float:
+    """A progress line at most every 2 s (and after the last update); returns when one was last printed."""
+    now = time.time()
+    if now - last_print < 2.0 and progress["update"] < num_updates:
+        return last_print
+    recent = progress["recent_returns"]
+    mean_return = f"{np.mean(recent):.1f}" if recent else "n/a"
+    sps = progress["global_step"] / max(progress["train_time_s"], 1e-9)
+    print(
+        f"update {progress['update']}/{num_updates} global_step={progress['global_step']} SPS={sps:.0f} "
+        f"return(last {len(recent)})={mean_return}",
+        flush=True,
+    )
+    return now
+
+
+def save_checkpoint(path: str, payload: dict) -> None:
+    """Atomic: write a temporary file beside the target, then rename it over the target."""
+    payload = {**payload, "recent_returns": list(payload["recent_returns"])}
+    temporary = f"{path}.tmp{os.getpid()}"
+    torch.save(payload, temporary)
+    os.replace(temporary, path)
+
+
+def restore(args, model, optimizer, device, checkpoint_path: str) -> dict:
+    """A fresh progress dict, or with --resume and a checkpoint, the checkpoint's, with the model and the optimizer
+    loaded in place. Rank 0 reads the checkpoint and sends it to the other ranks (as DD-PPO), so nodes need no
+    shared disk; without one it sends its initial weights, since nodes with other math libraries could initialize
+    other bits."""
+    progress = new_progress()
+    checkpoint = None
+    if args.resume and args.rank == 0 and os.path.exists(checkpoint_path):
+        checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
+    if args.world_size > 1:
+        received = [checkpoint]
+        dist.broadcast_object_list(received, 0, device=device if device.type == "cuda" else None)
+        checkpoint = received[0]
+        if checkpoint is None:
+            for tensor in model.state_dict().values():
+                dist.broadcast(tensor, 0)
+    if checkpoint is None:
+        return progress
+    model.load_state_dict(checkpoint.pop("model"))
+    optimizer.load_state_dict(checkpoint.pop("optimizer"))
+    recent_returns = checkpoint.pop("recent_returns")
+    progress.update(checkpoint)
+    progress["recent_returns"].extend(recent_returns)
+    return progress
+
+
+def install_stop_handlers() -> dict:
+    """SIGTERM and SIGUSR1 (SLURM preemption) ask for a checkpoint at the end of the current update."""
+    stop = {"signal": 0}
+    for signal_number in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signal_number, lambda signum, frame: stop.update(signal=signum))
+    return stop
+
+
+def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
+    """TensorBoard (and wandb with --track); after a resume, points past the checkpoint's step are dropped."""
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=asdict(args),
+            name=args.run_name,
+            id=args.run_name,
+            resume="allow",
+        )
+    writer = SummaryWriter(run_dir, purge_step=progress["global_step"] if progress["update"] else None)
+    table = "\n".join(f"|{key}|{value}|" for key, value in asdict(args).items())
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+    return writer
+
+
+def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float, device, run_dir: str, stats: dict):
+    """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with --save-model, the weights."""
+    video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
+    eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 10**6, device, video_dir)
+    for episode, episode_return in enumerate(eval_returns):
+        writer.add_scalar("eval/episodic_return", episode_return, episode)
+    # the evaluation counts in wall time only
+    advance_clock(progress, clock, training=False)
+    recent = progress["recent_returns"]
+    lags = stats["lags"]
+    summary = {
+        "algo": "impala",
+        "env_id": args.env_id,
+        "seed": args.seed,
+        "world_size": args.world_size,
+        "num_actors": args.num_actors,
+        "deterministic": args.deterministic,
+        "global_step": progress["global_step"],
+        "wall_time_s": progress["wall_time_s"],
+        "startup_s": progress["startup_s"],
+        "train_time_s": progress["train_time_s"],
+        "sps": progress["global_step"] / progress["train_time_s"],
+        "eval_return_mean": float(np.mean(eval_returns)),
+        "eval_return_std": float(np.std(eval_returns)),
+        "reward_threshold": envpool.make_spec(args.env_id).reward_threshold,
+        "train_return_last20": float(np.mean(recent)) if recent else None,
+        "time_to_threshold_s": progress["time_to_threshold_s"],
+        "threshold_step": progress["threshold_step"],
+        # None: resumed with no update left
+        "policy_lag_mean": float(np.mean(lags)) if lags else None,
+        "params_sha256": hashlib.sha256(flat_params(agent).numpy().tobytes()).hexdigest(),
+    }
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    if args.save_model:
+        torch.save({key: value.cpu() for key, value in agent.state_dict().items()}, os.path.join(run_dir, "model.pt"))
+    print(
+        f"eval return {summary['eval_return_mean']:.1f} +- {summary['eval_return_std']:.1f}; "
+        f"time to threshold: {summary['time_to_threshold_s']}; summary in {run_dir}/summary.json",
+        flush=True,
+    )
+
+
+# ----------------------------------------------------------------------------------------------- distribution
 def available_cpus() -> int:
     """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not the machine's
-    core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE)."""
-    return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # Linux, as /proc
+    core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE). Linux, as /proc."""
+    return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def default_num_actors(args: Args) -> int:
@@ -584,14 +920,18 @@ def default_num_actors(args: Args) -> int:
     each batch, so there it takes the largest count up to that which divides the unrolls per batch."""
     if args.num_actors:
         return args.num_actors
-    cpus, unrolls = available_cpus(), max(1, args.batch_size // args.num_envs)
-    return max(d for d in range(1, min(cpus, unrolls) + 1) if unrolls % d == 0) if args.deterministic else cpus
+    cpus = available_cpus()
+    if not args.deterministic:
+        return cpus
+    unrolls = max(1, args.batch_size // args.num_envs)
+    return max(d for d in range(1, min(cpus, unrolls) + 1) if unrolls % d == 0)
 
 
 def setup_distributed(args: Args):
     """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE: join the group (gloo on CPU, NCCL on GPU). Alone: world size 1."""
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    args.rank, args.local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    args.rank = int(os.environ.get("RANK", "0"))
+    args.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = args.cuda and torch.cuda.is_available()
     device = torch.device(f"cuda:{args.local_rank}" if use_cuda else "cpu")
     if use_cuda:
@@ -601,198 +941,128 @@ def setup_distributed(args: Args):
     return device
 
 
-def main(args: Args) -> int:
-    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")  # envpool's spaces
-    validate(args)
-    device = setup_distributed(args)
-    rank, world = args.rank, args.world_size
-    args.num_actors = default_num_actors(args)
-    args.unrolls_per_batch = args.batch_size // args.num_envs
-    num_buffers = args.num_buffers or max(2 * args.unrolls_per_batch, args.unrolls_per_batch + 2 * args.num_actors)
-    steps_per_update = args.batch_size * args.unroll_length
-    args.num_updates = max(1, args.total_timesteps // (world * steps_per_update))
-    args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
-    run_dir, ckpt_path = os.path.join("runs", args.run_name), os.path.join("runs", args.run_name, "checkpoint.pt")
+def seed_everything(args: Args, device) -> None:
+    """Threads and seeds (the same on every rank: identical initial weights); deterministic kernels on CUDA (the CPU
+    ones used here are deterministic already)."""
     torch.set_num_threads(args.torch_threads or 1)
     random.seed(args.seed)
     np.random.seed(args.seed)
-    torch.manual_seed(args.seed)  # the same on every rank: identical initial weights
-    if device.type == "cuda":  # CPU ops used here are deterministic already; this call costs ~1 s of imports
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS refuses deterministic mode without it
+    torch.manual_seed(args.seed)
+    if device.type == "cuda":
+        # cuBLAS refuses deterministic mode without it
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(args.torch_deterministic)
         torch.backends.cudnn.deterministic = args.torch_deterministic
 
+
+def finish_distributed(args: Args, exit_code: int) -> None:
+    """Leave the process group: together at a barrier, or at once after an error (a barrier would wait forever for
+    this rank's peers; torchrun stops them)."""
+    if args.world_size == 1:
+        return
+    if exit_code:
+        os._exit(exit_code)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main(args: Args) -> int:
+    # envpool's spaces warn about it
+    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
+    validate(args)
+    device = setup_distributed(args)
+    args.num_actors = default_num_actors(args)
+    args.unrolls_per_batch = args.batch_size // args.num_envs
+    num_buffers = args.num_buffers or max(2 * args.unrolls_per_batch, args.unrolls_per_batch + 2 * args.num_actors)
+    args.num_updates = max(1, args.total_timesteps // (args.world_size * args.batch_size * args.unroll_length))
+    args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
+    run_dir = os.path.join("runs", args.run_name)
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+    seed_everything(args, device)
     spec = envpool.make_spec(args.env_id)
-    threshold = spec.reward_threshold  # None for envs without one
-    args.norm_reward = len(spec.observation_space.shape) != 3 if args.norm_reward is None else args.norm_reward
-    agent = Agent(spec.observation_space.shape, spec.action_space.n, args.network, args.use_lstm,
-                  args.norm_reward).to(device)
-    params = list(agent.parameters())
-    opt_state = optimizer_init(params)
-    # Earlier segments' training time (wall_before) and wall time from each process start (elapsed_before).
-    start_update, global_step, wall_before, elapsed_before, time_to_threshold, threshold_step = 0, 0, 0.0, 0.0, None, None
-    recent, lags = deque(maxlen=20), []
-    if args.resume and os.path.exists(ckpt_path):
-        ckpt = torch.load(ckpt_path, map_location=device, weights_only=True)
-        agent.load_state_dict(ckpt["model"])  # and below: .get, for checkpoints from before whole-run times
-        opt_state, elapsed_before = ckpt["optimizer"], ckpt.get("elapsed_s", 0.0)
-        start_update, global_step, wall_before = ckpt["update"], ckpt["global_step"], ckpt["wall_time_s"]
-        time_to_threshold, threshold_step = ckpt["time_to_threshold_s"], ckpt["threshold_step"]
-        recent.extend(ckpt["recent_returns"])
+    threshold = spec.reward_threshold
+    if args.norm_reward is None:
+        args.norm_reward = len(spec.observation_space.shape) != 3
+    agent = Agent(spec.observation_space.shape, spec.action_space.n, args.network, args.use_lstm, args.norm_reward)
+    agent = agent.to(device)
+    flat = flatten_parameters(agent)
+    optimizer = make_optimizer(args, flat)
+    progress = restore(args, agent, optimizer, device, checkpoint_path)
+    start_update = progress["update"]
 
     # Shared memory and actors first (fork before the learner computes anything), then logging.
-    buffers = shared_buffers(args, spec, num_buffers, agent.initial_state(1).shape[-1])
-    store = ParameterStore(sum(p.numel() for p in params))
-    store.publish(flat_params(agent), start_update)
-    ctx = mp.get_context("fork")
-    free_q, full_q = ctx.Queue(maxsize=num_buffers), ctx.Queue(maxsize=num_buffers)
-    for k in range(num_buffers):
-        free_q.put(k)
-    actors = [ctx.Process(target=actor_loop, args=(i, args, spec, buffers, store, free_q, full_q, start_update),
-                          daemon=True) for i in range(args.num_actors)]
-    for p in actors:
-        p.start()
-
-    writer = None
-    if rank == 0:
-        from torch.utils.tensorboard import SummaryWriter
-        if args.track:
-            import wandb
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=asdict(args), name=args.run_name, id=args.run_name, resume="allow")
-        writer = SummaryWriter(run_dir, purge_step=global_step if start_update else None)  # drop points after it
-        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
-
-    stop = {"signal": 0}
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, lambda signum, frame: stop.update(signal=signum))
-
-    def checkpoint(next_update: int):
-        save_checkpoint(ckpt_path, {"model": agent.state_dict(), "optimizer": opt_state, "update": next_update,
-                                    "global_step": global_step, "wall_time_s": wall_before + time.time() - train_start,
-                                    "elapsed_s": elapsed_before + time.time() - PROCESS_START, "recent_returns": list(recent),
-                                    "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step})
-
-    pending, sps, last_print, exit_code = {}, 0.0, 0.0, 0
-    train_start = time.time()
+    buffers = unroll_buffers(args, spec, num_buffers, agent.initial_state(1).shape[-1])
+    store = ParameterStore(flat.numel())
+    store.publish(flat, start_update)
+    actors, free_q, full_q = start_actors(args, spec, buffers, store, num_buffers, start_update)
+    writer = open_writer(args, run_dir, progress) if args.rank == 0 else None
+    stop = install_stop_handlers()
+    stats = new_stats()
+    pending = {}
+    last_print = 0.0
+    exit_code = 0
+    clock = start_clock(progress)
     try:
         for update in range(start_update, args.num_updates):
-            t0 = time.time()
-            idx = torch.tensor(next_batch(args, buffers, free_q, full_q, actors, pending, update, start_update))
-            wait_time = time.time() - t0
-            # Copy the unrolls out ([K, T, N] -> [T, K*N]) and hand the buffers straight back to the actors.
-            batch = {k: v[idx].transpose(0, 1).flatten(1, 2) for k, v in buffers.items() if k != "meta"}
-            meta = buffers["meta"][idx]
-            for k in idx.tolist():
-                free_q.put(k)
-            ep_return, ep_length, returns = batch.pop("ep_return"), batch.pop("ep_length"), batch.pop("returns")
-            ended = ~torch.isnan(ep_return)
-            finished = list(zip(ep_return[ended].tolist(), ep_length[ended].tolist()))
-            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            lr = args.learning_rate * (1.0 - update / args.num_updates) if args.anneal_lr else args.learning_rate
-
-            t1 = time.time()
-            rms = agent.return_rms
-            if rms is not None:  # scaled by the statistics before this batch; the batch is merged in below
-                batch["rewards"] = scale_rewards(batch["rewards"], rms, args.clip_reward)
-            loss, losses = impala_loss(agent, batch, args)
-            agent.zero_grad(set_to_none=False)
-            loss.backward()
-            # One all-reduce per update carries the gradients (averaged), the counters and the moments of this
-            # batch's discounted returns (summed), so the reward scaler is the same on every rank.
-            grad = torch.cat([p.grad.reshape(-1) for p in params])
-            counters = torch.tensor([float(steps_per_update), float(stop["signal"] != 0)], device=device)
-            moments = rms_moments(returns.to(device), batch["valid"].reshape(-1), rms.mean) if rms is not None else counters[:0]
-            if world > 1:
-                n = grad.numel()
-                flat = torch.cat([grad, counters, moments.to(grad.dtype)])
-                dist.all_reduce(flat)
-                grad, counters, moments = flat[:n] / world, flat[n:n + 2], flat[n + 2:].to(moments.dtype)
-            if rms is not None:
-                rms.load(*rms_merge(rms.mean, rms.var, rms.count, moments))
-            grad = clip_grad(grad, args.max_grad_norm)
-            if args.optimizer == "rmsprop":
-                rmsprop_step(params, grad, opt_state, lr, args.rmsprop_alpha, args.rmsprop_eps)
-            else:
-                adam_step(params, grad, opt_state, lr, eps=args.adam_eps)
-            store.publish(flat_params(agent), update + 1)
-            learn_time = time.time() - t1
-
-            global_step += int(counters[0])
-            lag = update - meta[:, 0].double().mean().item()  # learner version minus the batch's versions
-            lags.append(lag)
-            for ret, _ in finished:
-                recent.append(ret)
-                if threshold is not None and time_to_threshold is None and len(recent) == 20 and np.mean(recent) >= threshold:
-                    time_to_threshold, threshold_step = elapsed_before + time.time() - PROCESS_START, global_step
-            if rank == 0:
-                now = time.time()
-                sps = global_step / (wall_before + now - train_start)  # whole run
-                for ret, length in finished:
-                    writer.add_scalar("charts/episodic_return", ret, global_step)
-                    writer.add_scalar("charts/episodic_length", length, global_step)
-                scalars = {"charts/learning_rate": lr, "charts/SPS": sps, "charts/policy_lag": lag,
-                           "stats/learner_wait_s": wait_time, "stats/learn_time_s": learn_time,
-                           "stats/full_queue": full_q.qsize()}
-                scalars.update(zip(["losses/policy_loss", "losses/value_loss", "losses/entropy"], losses.tolist()))
-                for key, value in scalars.items():
-                    writer.add_scalar(key, value, global_step)
-                if now - last_print > 2.0 or update == args.num_updates - 1:
-                    last_print = now
-                    mean = f"{np.mean(recent):.1f}" if recent else "n/a"
-                    print(f"update {update + 1}/{args.num_updates} global_step={global_step} SPS={sps:.0f} "
-                          f"policy_lag={lag:.1f} return(last {len(recent)})={mean}", flush=True)
-            if args.checkpoint_every and (update + 1) % args.checkpoint_every == 0 and rank == 0:
-                checkpoint(update + 1)
-            if counters[1] > 0:  # SIGTERM/SIGUSR1 on some rank (SLURM preemption): save, then exit cleanly
-                if rank == 0:
-                    checkpoint(update + 1)
-                    print(f"signal received: checkpoint of update {update + 1} written to {ckpt_path}; "
-                          "rerun with --resume to continue", flush=True)
+            # COLLECT: a batch of unrolls (deterministic mode: round `update`'s, in a fixed order)
+            wait_start = time.time()
+            indices = next_batch(args, buffers, free_q, full_q, actors, pending, update, start_update)
+            learn_start = time.time()
+            batch, returns, versions, finished = take_batch(buffers, indices, free_q, device)
+            # LEARN: V-trace on the batch, gradients averaged over ranks
+            optimizer.param_groups[0]["lr"] = learning_rate(args, update)
+            losses, counters = learner_step(args, agent, optimizer, flat, batch, returns, stop)
+            # PUBLISH: the new parameters for the actors
+            store.publish(flat, update + 1)
+            learn_end = time.time()
+            # BOOKKEEPING: clocks, policy lag (learner version minus the batch's), episodes, logs, checkpoints
+            progress["update"] = update + 1
+            progress["global_step"] += int(counters[0])
+            clock = advance_clock(progress, clock)
+            stats["lags"].append(update - versions.double().mean().item())
+            stats["wait_s"] = learn_start - wait_start
+            stats["learn_s"] = learn_end - learn_start
+            stats["losses"] = losses
+            record_returns(progress, [episode_return for episode_return, _ in finished], threshold)
+            if args.rank == 0:
+                log_update(writer, progress, finished, learner_scalars(progress, stats, optimizer, full_q))
+                last_print = print_progress(progress, args.num_updates, last_print)
+            # SIGTERM/SIGUSR1 on some rank (SLURM preemption): save, then exit cleanly
+            stopping = counters[1] > 0
+            due = args.checkpoint_every and progress["update"] % args.checkpoint_every == 0
+            if args.rank == 0 and (stopping or due):
+                checkpoint = {**progress, "model": agent.state_dict(), "optimizer": optimizer.state_dict()}
+                save_checkpoint(checkpoint_path, checkpoint)
+            if stopping:
+                if args.rank == 0:
+                    print(
+                        f"signal received: checkpoint of update {progress['update']} written to {checkpoint_path}; "
+                        "rerun with --resume to continue",
+                        flush=True,
+                    )
                 break
         else:
-            if rank == 0:
-                wall = wall_before + time.time() - train_start
-                video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
-                for p in actors:  # the actors' CPU is the evaluation's now
-                    p.kill()
-                eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 10**6, device, video_dir)
-                for i, r in enumerate(eval_returns):
-                    writer.add_scalar("eval/episodic_return", r, i)
-                import hashlib
-                summary = {"algo": "impala", "env_id": args.env_id, "seed": args.seed, "world_size": world,
-                           "num_actors": args.num_actors, "deterministic": args.deterministic, "global_step": global_step,
-                           "wall_time_s": elapsed_before + time.time() - PROCESS_START, "sps": global_step / wall,
-                           "train_time_s": wall, "eval_return_mean": float(np.mean(eval_returns)),
-                           "eval_return_std": float(np.std(eval_returns)), "reward_threshold": threshold,
-                           "train_return_last20": float(np.mean(recent)) if recent else None,
-                           "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step,
-                           "policy_lag_mean": float(np.mean(lags)) if lags else None,  # None: resumed with no update left
-                           "params_sha256": hashlib.sha256(flat_params(agent).numpy().tobytes()).hexdigest()}
-                with open(os.path.join(run_dir, "summary.json"), "w") as f:
-                    json.dump(summary, f, indent=2)
-                if args.save_model:
-                    save_checkpoint(os.path.join(run_dir, "model.pt"), {k: v.cpu() for k, v in agent.state_dict().items()})
-                print(f"eval return {summary['eval_return_mean']:.1f} +- {summary['eval_return_std']:.1f}; "
-                      f"time to threshold: {time_to_threshold}; summary in {run_dir}/summary.json", flush=True)
+            clock = advance_clock(progress, clock)
+            if args.rank == 0:
+                # the actors' CPU is the evaluation's now
+                for process in actors:
+                    process.kill()
+                write_summary(args, agent, writer, progress, clock, device, run_dir, stats)
     except ActorDied as e:
-        print(f"{os.path.basename(sys.argv[0])}: error: rank {rank}: {e}; stopping", file=sys.stderr, flush=True)
+        print(f"{os.path.basename(sys.argv[0])}: error: rank {args.rank}: {e}; stopping", file=sys.stderr, flush=True)
         exit_code = 1
     finally:
-        for p in actors:
-            p.kill()
-        for p in actors:
-            p.join()
+        for process in actors:
+            process.kill()
+        for process in actors:
+            process.join()
     if writer is not None:
         writer.close()
         if args.track:
             import wandb
+
             wandb.finish()
-    if world > 1:
-        if exit_code:
-            os._exit(exit_code)  # a barrier would wait forever for this rank's peers; torchrun stops them
-        dist.barrier()
-        dist.destroy_process_group()
+    finish_distributed(args, exit_code)
     return exit_code
 
 

@@ -10,10 +10,12 @@ other rank is one remote actor that talks to it through torch.distributed send/r
   python algos/seed.py                                              # learner + one actor per core, CartPole-v1
   torchrun --standalone --nproc_per_node=3 algos/seed.py            # learner (+ local actors) and 2 remote actors
 """
+
 import ctypes
+import hashlib
 import json
-import multiprocessing.connection
 import math
+import multiprocessing.connection
 import os
 import queue
 import random
@@ -21,38 +23,20 @@ import signal
 import sys
 import threading
 import time
-import types
 import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Optional
 
-
-def process_start_time() -> float:
-    """Wall-clock time at which this process started (Linux /proc), so start-up and imports are counted."""
-    try:
-        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
-            ticks, up = int(stat.read().rsplit(")", 1)[1].split()[19]), float(uptime.read().split()[0])
-        return time.time() - up + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return time.time()
-
-
-PROCESS_START = process_start_time()
-
-# `import envpool` registers every env family it ships. Four of them cost ~0.6 s of start-up (jumanji's alone
-# imports matplotlib) and have no environment this file can train on; their registration is skipped.
-if "envpool" not in sys.modules:
-    for _name in ("jumanji", "pgx", "mujoco.dmc", "mujoco.playground"):
-        sys.modules[f"envpool.{_name}.registration"] = types.ModuleType(f"envpool.{_name}.registration")
-import envpool  # noqa: E402
-import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import tyro  # noqa: E402
+import envpool
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import tyro
+from torch.utils.tensorboard import SummaryWriter
 
 
 @dataclass
@@ -93,7 +77,7 @@ class Args:
     """divide rewards by the running std of the discounted return (default: on for vector observations; off for
     images, whose rewards are clipped to [-1, 1] as in the paper; see docs/seed.md, Defaults)"""
     clip_reward: float = 10.0  # scaled rewards are clipped to [-clip_reward, clip_reward]
-    max_grad_norm: float = 0.5  # global grad-norm clip after the all-reduce (paper: 40 for summed losses; see docs)
+    max_grad_norm: float = 0.5  # global grad-norm clip (paper: 40 for summed losses; see docs)
     torch_threads: int = 0  # learner's torch threads, shared by its inference and training threads (0: 1)
     env_threads: int = 0  # envpool threads per actor (0: 1)
     # --- distributed ---
@@ -120,14 +104,17 @@ def fail(arg: str, message: str) -> None:
 
 
 def validate(args: Args) -> None:
-    if not 0 <= args.seed < 2**30:  # env seeds add offsets to it and must stay 32-bit
+    # env seeds add offsets to the seed and must stay 32-bit
+    if not 0 <= args.seed < 2**30:
         fail("seed", f"must be in [0, 2**30), got {args.seed}")
-    for name in ["total_timesteps", "num_envs", "unroll_length", "batch_size", "eval_episodes", "learning_rate",
-                 "rho_bar", "c_bar", "rmsprop_eps", "adam_eps", "clip_reward"]:
+    positive = ["total_timesteps", "num_envs", "unroll_length", "batch_size", "eval_episodes", "learning_rate"]
+    positive += ["rho_bar", "c_bar", "rmsprop_eps", "adam_eps", "clip_reward"]
+    for name in positive:
         if getattr(args, name) <= 0:
             fail(name, f"must be positive, got {getattr(args, name)}")
-    for name in ["torch_threads", "env_threads", "num_actors", "num_buffers", "checkpoint_every", "ent_coef",
-                 "vf_coef", "max_grad_norm", "inference_timeout_ms"]:
+    not_negative = ["torch_threads", "env_threads", "num_actors", "num_buffers", "checkpoint_every", "ent_coef"]
+    not_negative += ["vf_coef", "max_grad_norm", "inference_timeout_ms"]
+    for name in not_negative:
         if getattr(args, name) < 0:
             fail(name, f"must not be negative, got {getattr(args, name)}")
     for name in ["gamma", "vtrace_lambda", "rmsprop_alpha"]:
@@ -139,14 +126,15 @@ def validate(args: Args) -> None:
     # when an actor's unroll completes: with fewer than actors + unrolls - 1 buffers the learner can never gather
     # a batch while every actor waits (a deadlock), so such a count is refused.
     unrolls = args.batch_size // args.num_envs
-    actors = (args.num_actors or available_cpus()) + int(os.environ.get("WORLD_SIZE", "1")) - 1
+    actors = default_num_actors(args) + int(os.environ.get("WORLD_SIZE", "1")) - 1
     if args.num_buffers and args.num_buffers < actors + unrolls - 1:
-        fail("num_buffers", f"{args.num_buffers} is too few: {actors} actors and {unrolls} unrolls per batch need at "
-             f"least {actors + unrolls - 1}")
+        needs = f"{actors} actors and {unrolls} unrolls per batch need at least {actors + unrolls - 1}"
+        fail("num_buffers", f"{args.num_buffers} is too few: {needs}")
     if args.env_id not in envpool.list_all_envs():
         fail("env_id", f"'{args.env_id}' is not an envpool environment")
     spec = envpool.make_spec(args.env_id)
-    obs_space, act_space = spec.observation_space, spec.action_space
+    obs_space = spec.observation_space
+    act_space = spec.action_space
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
         fail("env_id", f"'{args.env_id}' has observation space {obs_space}; SEED here needs a flat or image Box")
     if not isinstance(act_space, gym.spaces.Discrete):
@@ -163,11 +151,19 @@ def validate(args: Args) -> None:
 def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, **kwargs):
     """An envpool batch. Env i of the batch is seeded with seed + i. Atari gets DeepMind preprocessing."""
     extra = {}
-    if len(envpool.make_spec(env_id).observation_space.shape) == 3:  # Atari: 84x84 grey, 4 stacked, skip 4
+    # Atari: 84x84 grey, 4 stacked, skip 4
+    if len(envpool.make_spec(env_id).observation_space.shape) == 3:
         extra = dict(episodic_life=True, reward_clip=True, noop_max=30, repeat_action_probability=0.0)
     extra.update(kwargs)
-    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_threads=num_threads,
-                        thread_affinity_offset=-1, **extra)
+    return envpool.make(
+        env_id,
+        env_type="gymnasium",
+        num_envs=num_envs,
+        seed=seed,
+        num_threads=num_threads,
+        thread_affinity_offset=-1,
+        **extra,
+    )
 
 
 def env_seed(args: Args, actor: int, update: int) -> int:
@@ -184,8 +180,13 @@ def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -
 
 
 def mlp(n_in: int, n_out: int, out_std: float) -> nn.Module:
-    return nn.Sequential(layer_init(nn.Linear(n_in, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
-                         layer_init(nn.Linear(64, n_out), out_std))
+    return nn.Sequential(
+        layer_init(nn.Linear(n_in, 64)),
+        nn.Tanh(),
+        layer_init(nn.Linear(64, 64)),
+        nn.Tanh(),
+        layer_init(nn.Linear(64, n_out), out_std),
+    )
 
 
 class ResidualBlock(nn.Module):
@@ -201,11 +202,16 @@ class ResidualBlock(nn.Module):
 def resnet_torso(in_channels: int) -> nn.Module:
     """The paper's deep network (Figure 3, right): three sections of conv 3x3, max-pool 3x3 stride 2 and two
     residual blocks, with 16, 32, 32 channels; then ReLU and a 256-unit fully connected layer."""
-    layers, c = [], in_channels
+    layers = []
+    channels = in_channels
     for out in (16, 32, 32):
-        layers += [nn.Conv2d(c, out, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
-                   ResidualBlock(out), ResidualBlock(out)]
-        c = out
+        layers += [
+            nn.Conv2d(channels, out, 3, padding=1),
+            nn.MaxPool2d(3, stride=2, padding=1),
+            ResidualBlock(out),
+            ResidualBlock(out),
+        ]
+        channels = out
     return nn.Sequential(*layers, nn.ReLU(), nn.Flatten(), nn.Linear(32 * 11 * 11, 256), nn.ReLU())
 
 
@@ -214,12 +220,14 @@ class RunningMeanStd(nn.Module):
 
     def __init__(self, shape=()):
         super().__init__()
-        for name, value in (("mean", torch.zeros(shape)), ("var", torch.ones(shape)), ("count", torch.zeros(()))):
-            self.register_buffer(name, value.double())
+        self.register_buffer("mean", torch.zeros(shape).double())
+        self.register_buffer("var", torch.ones(shape).double())
+        self.register_buffer("count", torch.zeros(()).double())
 
     def load(self, mean, var, count) -> None:
-        for buffer, value in zip((self.mean, self.var, self.count), (mean, var, count)):
-            buffer.copy_(value)
+        self.mean.copy_(mean)
+        self.var.copy_(var)
+        self.count.copy_(count)
 
 
 class Agent(nn.Module):
@@ -228,28 +236,40 @@ class Agent(nn.Module):
     (docs/conventions.md). `forward` takes a time axis, [T, N, ...], so actors (T = 1) and the learner
     (T = unroll + 1) share it. With norm_reward, `return_rms` holds the reward scaler's statistics."""
 
-    def __init__(self, obs_shape, num_actions: int, network: str = "auto", use_lstm: bool = False,
-                 norm_reward: bool = False):
+    def __init__(
+        self, obs_shape, num_actions: int, network: str = "auto", use_lstm: bool = False, norm_reward: bool = False
+    ):
         super().__init__()
         self.image = len(obs_shape) == 3
-        network = ("nature" if self.image else "mlp") if network == "auto" else network
+        if network == "auto":
+            network = "nature" if self.image else "mlp"
         if network == "mlp":
-            self.torso, width = nn.Identity(), int(np.prod(obs_shape))
+            self.torso = nn.Identity()
+            width = int(np.prod(obs_shape))
         elif network == "nature":
             self.torso = nn.Sequential(
-                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)), nn.ReLU(),
-                layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-                layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten(),
-                layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU())
+                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)),
+                nn.ReLU(),
+                layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+                nn.ReLU(),
+                layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+                nn.ReLU(),
+                nn.Flatten(),
+                layer_init(nn.Linear(64 * 7 * 7, 512)),
+                nn.ReLU(),
+            )
             width = 512
         else:
-            self.torso, width = resnet_torso(obs_shape[0]), 256
+            self.torso = resnet_torso(obs_shape[0])
+            width = 256
         self.core = nn.LSTMCell(width, 64 if network == "mlp" else 256) if use_lstm else None
         width = self.core.hidden_size if use_lstm else width
         if network == "mlp":
-            self.policy, self.baseline = mlp(width, num_actions, 0.01), mlp(width, 1, 1.0)
+            self.policy = mlp(width, num_actions, 0.01)
+            self.baseline = mlp(width, 1, 1.0)
         else:
-            self.policy, self.baseline = layer_init(nn.Linear(width, num_actions), 0.01), layer_init(nn.Linear(width, 1), 1.0)
+            self.policy = layer_init(nn.Linear(width, num_actions), 0.01)
+            self.baseline = layer_init(nn.Linear(width, 1), 1.0)
         self.return_rms = RunningMeanStd() if norm_reward else None
 
     def initial_state(self, n: int, device=None):
@@ -264,21 +284,36 @@ class Agent(nn.Module):
         x = obs.reshape((T * N,) + obs.shape[2:]).float()
         h = self.torso(x / 255.0 if self.image else x)
         if self.core is not None:
-            h, outs = h.view(T, N, -1), []
-            hx, cx = state[0], state[1]
+            h = h.view(T, N, -1)
+            outs = []
+            hx, cx = state
             for t in range(T):
                 hx, cx = self.core(h[t], (hx, cx))
                 outs.append(hx)
                 keep = valid[t].unsqueeze(-1)
-                hx, cx = hx * keep, cx * keep
-            h, state = torch.stack(outs).view(T * N, -1), torch.stack([hx, cx])
+                hx = hx * keep
+                cx = cx * keep
+            h = torch.stack(outs).view(T * N, -1)
+            state = torch.stack([hx, cx])
         return self.policy(h).view(T, N, -1), self.baseline(h).view(T, N), state
 
 
 # ----------------------------------------------------------------------------------------------- algorithm
 @torch.no_grad()
-def vtrace(behaviour_logp, target_logp, rewards, values, bootstrap_value, terms, dones, valid,
-           gamma: float, rho_bar: float = 1.0, c_bar: float = 1.0, lam: float = 1.0):
+def vtrace(
+    behaviour_logp,
+    target_logp,
+    rewards,
+    values,
+    bootstrap_value,
+    terms,
+    dones,
+    valid,
+    gamma: float,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+    lam: float = 1.0,
+):
     """V-trace targets v_s and policy-gradient advantages over a [T, B] batch (paper, Section 4.1):
 
       rho_t = min(rho_bar, pi/mu),  c_t = lam * min(c_bar, pi/mu)
@@ -289,7 +324,8 @@ def vtrace(behaviour_logp, target_logp, rewards, values, bootstrap_value, terms,
     V(x_T) is bootstrap_value. A truncated step bootstraps from the value of the final observation, which envpool
     returns as x_{t+1}. Steps with valid = 0 (envpool's reset step after an episode end) have v_s = V(x_s)."""
     ratio = (target_logp - behaviour_logp).exp()
-    rho, c = ratio.clamp(max=rho_bar), lam * ratio.clamp(max=c_bar)
+    rho = ratio.clamp(max=rho_bar)
+    c = lam * ratio.clamp(max=c_bar)
     discounts = gamma * (1.0 - terms)
     next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)])
     deltas = valid * rho * (rewards + discounts * next_values - values)
@@ -311,11 +347,23 @@ def impala_loss(agent: Agent, batch: dict, args: Args):
     valid_all = torch.cat([batch["valid"], torch.ones_like(batch["valid"][:1])])
     logits, values, _ = agent(batch["obs"], valid_all, batch["state"])
     logp_all = torch.log_softmax(logits[:T], dim=-1)
-    target_logp = logp_all.gather(-1, batch["actions"].unsqueeze(-1)).squeeze(-1)
-    behaviour_logp = torch.log_softmax(batch["logits"], dim=-1).gather(-1, batch["actions"].unsqueeze(-1)).squeeze(-1)
-    vs, pg_adv = vtrace(behaviour_logp, target_logp.detach(), batch["rewards"], values[:T].detach(), values[T].detach(),
-                        batch["terms"], batch["dones"], batch["valid"], args.gamma, args.rho_bar, args.c_bar,
-                        args.vtrace_lambda)
+    actions = batch["actions"].unsqueeze(-1)
+    target_logp = logp_all.gather(-1, actions).squeeze(-1)
+    behaviour_logp = torch.log_softmax(batch["logits"], dim=-1).gather(-1, actions).squeeze(-1)
+    vs, pg_adv = vtrace(
+        behaviour_logp,
+        target_logp.detach(),
+        batch["rewards"],
+        values[:T].detach(),
+        values[T].detach(),
+        batch["terms"],
+        batch["dones"],
+        batch["valid"],
+        args.gamma,
+        args.rho_bar,
+        args.c_bar,
+        args.vtrace_lambda,
+    )
     valid = batch["valid"]
     n = valid.sum().clamp(min=1.0)
     pg_loss = -(pg_adv * target_logp * valid).sum() / n
@@ -336,11 +384,13 @@ def rms_moments(x, weight, shift):
 def rms_merge(mean, var, count, moments):
     """(mean, var, count) after merging a batch given by its moments around `mean`: Chan et al.'s parallel
     variance update, written with f = n / (count + n) so that count 0 or an empty batch need no special case."""
-    d, n = mean.numel(), moments[0]
-    delta = moments[1:1 + d].view_as(mean) / n.clamp(min=1e-12)  # batch mean - running mean
-    batch_var = (moments[1 + d:].view_as(mean) / n.clamp(min=1e-12) - delta ** 2).clamp(min=0.0)
+    d = mean.numel()
+    n = moments[0]
+    # batch mean - running mean
+    delta = moments[1 : 1 + d].view_as(mean) / n.clamp(min=1e-12)
+    batch_var = (moments[1 + d :].view_as(mean) / n.clamp(min=1e-12) - delta**2).clamp(min=0.0)
     f = n / (count + n).clamp(min=1e-12)
-    return mean + f * delta, var + f * (batch_var - var) + f * (1 - f) * delta ** 2, count + n
+    return mean + f * delta, var + f * (batch_var - var) + f * (1 - f) * delta**2, count + n
 
 
 def scale_rewards(rewards, return_rms: RunningMeanStd, clip: float):
@@ -349,91 +399,95 @@ def scale_rewards(rewards, return_rms: RunningMeanStd, clip: float):
     return (rewards / torch.sqrt(return_rms.var + 1e-8)).clamp(-clip, clip)
 
 
-def rmsprop_step(params, grad: torch.Tensor, state: dict, lr: float, alpha: float = 0.99, eps: float = 0.01) -> None:
-    """RMSProp on the flat gradient vector, in torch.optim.RMSprop's form (bitwise equal to it, momentum 0):
-    v <- alpha v + (1 - alpha) g^2;  p <- p - lr g / (sqrt(v) + eps). Written out, as is Adam, because
-    constructing a torch.optim optimizer imports torch._dynamo (over a second of start-up)."""
-    state["step"] += 1
-    state["v"].mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
-    update = lr * grad / state["v"].sqrt().add_(eps)
-    apply_update(params, update)
+def flatten_parameters(agent: nn.Module) -> torch.Tensor:
+    """Make every parameter a view of one flat vector and every gradient a view of `flat.grad` (backward adds into
+    them in place), so that the all-reduce, the clip and the optimizer each act on one tensor. Call it after moving
+    the agent to its device. Returns the flat vector."""
+    params = list(agent.parameters())
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    flat.grad = torch.zeros_like(flat)
+    offset = 0
+    for p in params:
+        p.data = flat[offset : offset + p.numel()].view_as(p)
+        p.grad = flat.grad[offset : offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return flat
 
 
-def adam_step(params, grad: torch.Tensor, state: dict, lr: float, betas=(0.9, 0.999), eps: float = 1e-5) -> None:
-    """Adam (Kingma & Ba, 2015) on the flat gradient vector, in torch.optim.Adam's order of operations:
-    equals torch.optim.Adam(params, lr, betas, eps).step() (tested bitwise)."""
-    b1, b2 = betas
-    state["step"] += 1
-    state["m"].lerp_(grad, 1 - b1)
-    state["v"].mul_(b2).addcmul_(grad, grad, value=1 - b2)
-    denom = (state["v"].sqrt() / math.sqrt(1 - b2 ** state["step"])).add_(eps)
-    apply_update(params, (lr / (1 - b1 ** state["step"])) * state["m"] / denom)
-
-
-def apply_update(params, update: torch.Tensor) -> None:
-    with torch.no_grad():
-        offset = 0
-        for p in params:
-            p.sub_(update[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
-
-
-def optimizer_init(params) -> dict:
-    n = sum(p.numel() for p in params)
-    return {"step": 0, "m": torch.zeros(n, device=params[0].device), "v": torch.zeros(n, device=params[0].device)}
-
-
-def clip_grad(grad: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """Scale the flat gradient to a global norm of at most max_norm (as torch.nn.utils.clip_grad_norm_)."""
-    return grad.mul_(torch.clamp(max_norm / (grad.norm() + 1e-6), max=1.0))
+def make_optimizer(args: Args, flat: torch.Tensor) -> torch.optim.Optimizer:
+    """RMSProp (the paper's, momentum 0) or Adam, on the flat parameter vector."""
+    if args.optimizer == "rmsprop":
+        return torch.optim.RMSprop([flat], lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
+    return torch.optim.Adam([flat], lr=args.learning_rate, eps=args.adam_eps)
 
 
 # ----------------------------------------------------------------------------------------------- roles
-def trajectory_buffers(args: Args, spec, num_buffers: int, state_width: int) -> dict:
-    """Unroll buffers [K, ...], filled by the inference thread, read by the training thread; the layout of
-    impala.py's shared buffers (here the parameter version is the one at x_0)."""
-    T, N, A, obs_shape = args.unroll_length, args.num_envs, spec.action_space.n, spec.observation_space.shape
-    b = {"obs": torch.zeros((num_buffers, T + 1, N) + obs_shape, dtype=torch.uint8 if len(obs_shape) == 3 else torch.float32),
-         "actions": torch.zeros((num_buffers, T, N), dtype=torch.long), "logits": torch.zeros((num_buffers, T, N, A)),
-         "state": torch.zeros((num_buffers, 2, N, state_width)),
-         "meta": torch.zeros((num_buffers, 3), dtype=torch.long)}  # parameter version, actor, sequence number
-    for k in ["rewards", "terms", "dones", "valid", "returns", "ep_return", "ep_length"]:
-        b[k] = torch.zeros((num_buffers, T, N))
-    return b
+def unroll_buffers(args: Args, spec, num_buffers: int, state_width: int) -> dict:
+    """Unroll buffers [K, ...] for K buffers, filled by the inference thread and read by the training thread (one
+    process: no shared memory): observations x_0..x_T, and per step t the action, behaviour logits, reward,
+    terminated, done (terminated or truncated), valid, the discounted return so far (the reward scaler's
+    statistic), the return and length of an episode that ended at t (NaN elsewhere); the LSTM state before x_0;
+    who produced it (version of the parameters at x_0, actor, sequence number)."""
+    unroll_length = args.unroll_length
+    num_envs = args.num_envs
+    obs_shape = spec.observation_space.shape
+    obs_dtype = torch.uint8 if len(obs_shape) == 3 else torch.float32
+    buffers = {
+        "obs": torch.zeros((num_buffers, unroll_length + 1, num_envs) + obs_shape, dtype=obs_dtype),
+        "actions": torch.zeros((num_buffers, unroll_length, num_envs), dtype=torch.long),
+        "logits": torch.zeros((num_buffers, unroll_length, num_envs, spec.action_space.n)),
+        "state": torch.zeros((num_buffers, 2, num_envs, state_width)),
+        "meta": torch.zeros((num_buffers, 3), dtype=torch.long),
+    }
+    for key in ["rewards", "terms", "dones", "valid", "returns", "ep_return", "ep_length"]:
+        buffers[key] = torch.zeros((num_buffers, unroll_length, num_envs))
+    return buffers
 
 
 def actor_slots(args: Args, spec, num_actors: int) -> dict:
     """One request/response slot per actor in shared memory: the observation, what the last step gave (reward,
     terminated, done, discounted return so far, return and length of an episode that ended, NaN otherwise; the
     actor's last wait), and the action the learner answers with (-1: stop)."""
-    obs_shape, N = spec.observation_space.shape, args.num_envs
-    return {"obs": torch.zeros((num_actors, N) + obs_shape, dtype=torch.uint8 if len(obs_shape) == 3 else torch.float32).share_memory_(),
-            "step": torch.zeros((num_actors, N, 7)).share_memory_(),
-            "actions": torch.zeros((num_actors, N), dtype=torch.long).share_memory_()}
+    obs_shape = spec.observation_space.shape
+    obs_dtype = torch.uint8 if len(obs_shape) == 3 else torch.float32
+    return {
+        "obs": torch.zeros((num_actors, args.num_envs) + obs_shape, dtype=obs_dtype).share_memory_(),
+        "step": torch.zeros((num_actors, args.num_envs, 7)).share_memory_(),
+        "actions": torch.zeros((num_actors, args.num_envs), dtype=torch.long).share_memory_(),
+    }
+
+
+def flat_params(agent: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in agent.parameters()]).cpu()
 
 
 def actor_loop(actor: int, args: Args, slots: dict, conn, group=None, start_update: int = 0) -> None:
     """One actor, no model: write the observation (and what the last step gave) into its slot, ask the learner
     for actions, step the envs. Local actors signal through a pipe (`conn`); a remote actor (rank > 0) sends its
     slot to rank 0 and receives the actions through torch.distributed (`group`, a pair group with rank 0)."""
-    if group is None:  # a local actor process: die with the learner, leave SIGTERM/SIGUSR1 to it
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    if group is None:
+        # a local actor process: die with the learner (PR_SET_PDEATHSIG), leave SIGINT to it
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Local or remote (torchrun sends SIGTERM to every rank): the learner turns the signal into a checkpoint and
     # then answers every actor with "stop", so an actor must not die of it first.
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, signal.SIG_IGN)
+    for signal_number in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signal_number, signal.SIG_IGN)
     torch.set_num_threads(1)
-    N = args.num_envs
-    envs = make_env(args.env_id, N, env_seed(args, actor, start_update), args.env_threads or 1)
+    num_envs = args.num_envs
+    envs = make_env(args.env_id, num_envs, env_seed(args, actor, start_update), args.env_threads or 1)
     obs = envs.reset()[0]
-    ep_return, ep_length, prev_done = np.zeros(N), np.zeros(N), np.zeros(N, dtype=bool)
-    ret_acc = np.zeros(N)  # discounted return along each env, R_t = gamma R_{t-1} + r_t, reset after an episode end
-    step = np.tile(np.array([0, 0, 0, 0, np.nan, 0, 0], dtype=np.float32), (N, 1))  # nothing happened yet
+    episode_return = np.zeros(num_envs)
+    episode_length = np.zeros(num_envs)
+    previous_done = np.zeros(num_envs, dtype=bool)
+    # discounted return along each env, R_t = gamma R_{t-1} + r_t, reset after an episode end
+    discounted_return = np.zeros(num_envs)
+    # what the last step gave, as actor_slots lays it out: nothing yet
+    step = np.tile(np.array([0, 0, 0, 0, np.nan, 0, 0], dtype=np.float32), (num_envs, 1))
     while True:
         slots["obs"][actor] = torch.as_tensor(obs)
         slots["step"][actor] = torch.as_tensor(step)
-        t0 = time.time()
+        request_start = time.time()
         if group is None:
             conn.send_bytes(b"")
             conn.recv_bytes()
@@ -445,17 +499,20 @@ def actor_loop(actor: int, args: Args, slots: dict, conn, group=None, start_upda
         if action[0] < 0:
             envs.close()
             return
-        obs, r, term, trunc, info = envs.step(action)
-        done = term | trunc
+        obs, reward, terminated, truncated, info = envs.step(action)
+        done = terminated | truncated
         # Episode statistics (Atari: raw rewards and real game over); the reset step after an end adds nothing.
-        ep_return += info.get("reward", r) * ~prev_done
-        ep_length += ~prev_done
-        ended = (info["terminated"].astype(bool) | trunc) if "terminated" in info else done
-        ret_acc = ret_acc * args.gamma + r
-        step[:] = np.stack([r, term, done, ret_acc, np.where(ended, ep_return, np.nan), ep_length,
-                            np.full(N, time.time() - t0)], axis=1)
-        ep_return[ended], ep_length[ended], ret_acc[done] = 0.0, 0, 0.0
-        prev_done = done
+        episode_return += info.get("reward", reward) * ~previous_done
+        episode_length += ~previous_done
+        ended = (info["terminated"].astype(bool) | truncated) if "terminated" in info else done
+        discounted_return = discounted_return * args.gamma + reward
+        finished_return = np.where(ended, episode_return, np.nan)
+        wait = np.full(num_envs, time.time() - request_start)
+        step[:] = np.stack([reward, terminated, done, discounted_return, finished_return, episode_length, wait], axis=1)
+        episode_return[ended] = 0.0
+        episode_length[ended] = 0
+        discounted_return[done] = 0.0
+        previous_done = done
 
 
 def remote_bridge(actor: int, peer: int, group, slots: dict, conn, control: dict) -> None:
@@ -467,105 +524,255 @@ def remote_bridge(actor: int, peer: int, group, slots: dict, conn, control: dict
             dist.recv(slots["step"][actor], peer, group=group)
             conn.send_bytes(b"")
             conn.recv_bytes()
-            actions = slots["actions"][actor].clone()  # what was sent decides: the learner may write "stop" meanwhile
+            # what was sent decides: the learner may write "stop" meanwhile
+            actions = slots["actions"][actor].clone()
             dist.send(actions, peer, group=group)
             if actions[0] < 0:
                 return
-    except Exception as e:  # noqa: BLE001 - any failure of the link ends the job
-        control.setdefault("error", f"remote actor {actor} (rank {peer}): {e!r}")
+    # any failure of the link ends the job
+    except Exception as error:  # noqa: BLE001
+        control.setdefault("error", f"remote actor {actor} (rank {peer}): {error!r}")
 
 
-def inference_loop(agent: Agent, lock, args: Args, slots: dict, conns: list, traj: dict, free_q, full_q,
-                   control: dict, device, generator) -> None:
+def inference_loop(
+    agent: Agent,
+    lock,
+    args: Args,
+    slots: dict,
+    conns: list,
+    buffers: dict,
+    free_q,
+    full_q,
+    control: dict,
+    device,
+    generator,
+) -> None:
     """The learner's inference thread. Dynamic batching: wait for requests; run one batched forward pass when every
     actor waits or inference_timeout_ms after the first request. The LSTM state of every env lives here. Each
-    answered request also extends that actor's unroll; a finished unroll goes to the training thread."""
-    M, N, T = len(conns), args.num_envs, args.unroll_length
-    state = agent.initial_state(M * N, device).view(2, M, N, -1)
-    cur, t, seq = [free_q.get() for _ in range(M)], [0] * M, [0] * M
-    waiting, first, timeout = [], 0.0, args.inference_timeout_ms / 1000
-    control["waiting"] = waiting  # read but not answered yet: the learner answers these with "stop" at the end
+    answered request also extends that actor's unroll (extend_unroll); a finished unroll goes to the training
+    thread."""
+    num_actors = len(conns)
+    num_envs = args.num_envs
+    state = agent.initial_state(num_actors * num_envs, device).view(2, num_actors, num_envs, -1)
+    # per actor: the buffer its unroll fills, the step t within it, the unroll's sequence number
+    unrolls = {"buffer": [free_q.get() for _ in range(num_actors)], "t": [0] * num_actors, "sequence": [0] * num_actors}
+    # read but not answered yet: the learner answers these with "stop" at the end
+    waiting = []
+    control["waiting"] = waiting
+    first_request = 0.0
+    timeout = args.inference_timeout_ms / 1000
     while not control.get("stop"):
-        idle = [c for a, c in enumerate(conns) if a not in waiting]  # empty when every actor waits: run now
-        limit = min(0.2, max(0.0, first + timeout - time.time())) if waiting else 0.2
+        # an empty `idle` means that every actor waits: run now
+        idle = [conn for actor, conn in enumerate(conns) if actor not in waiting]
+        limit = min(0.2, max(0.0, first_request + timeout - time.time())) if waiting else 0.2
         ready = multiprocessing.connection.wait(idle, timeout=limit) if idle else []
-        for c in ready:
-            a = conns.index(c)
+        for conn in ready:
+            actor = conns.index(conn)
             try:
-                c.recv_bytes()
+                conn.recv_bytes()
             except (EOFError, OSError):
-                control.setdefault("error", f"actor {a} closed its connection (died)")
+                control.setdefault("error", f"actor {actor} closed its connection (died)")
                 return
-            first = first if waiting else time.time()
-            waiting.append(a)
-        if not waiting or (len(waiting) < M and time.time() < first + timeout):
+            if not waiting:
+                first_request = time.time()
+            waiting.append(actor)
+        if not waiting or (len(waiting) < num_actors and time.time() < first_request + timeout):
             continue
-        t0 = time.time()
-        R = sorted(waiting)
-        idx = torch.tensor(R)
-        obs, step = slots["obs"][idx], slots["step"][idx]
-        valid = 1.0 - step[..., 2]  # the step after an episode end is envpool's reset step
-        before = state[:, idx].flatten(1, 2)
+        inference_start = time.time()
+        requesters = sorted(waiting)
+        index = torch.tensor(requesters)
+        obs = slots["obs"][index]
+        step = slots["step"][index]
+        # the step after an episode end is envpool's reset step
+        valid = 1.0 - step[..., 2]
+        state_before = state[:, index].flatten(1, 2)
         with lock, torch.no_grad():
-            logits, _, after = agent(obs.flatten(0, 1).unsqueeze(0).to(device), valid.view(1, -1).to(device), before)
+            obs_in = obs.flatten(0, 1).unsqueeze(0).to(device)
+            logits, _, state_after = agent(obs_in, valid.view(1, -1).to(device), state_before)
             version = control["version"]
-        action = torch.multinomial(torch.softmax(logits[0], -1), 1, generator=generator).view(len(R), N).cpu()
-        state[:, idx] = after.view(2, len(R), N, -1)
-        logits, before = logits[0].view(len(R), N, -1).cpu(), before.view(2, len(R), N, -1).cpu()
-        slots["actions"][idx] = action
-        for a in R:  # answer first, then do the bookkeeping while the actors step
-            conns[a].send_bytes(b"")
-        for i, a in enumerate(R):
-            k, ta = cur[a], t[a]
-            if ta > 0:  # what the previous action gave
-                for j, key in enumerate(["rewards", "terms", "dones", "returns", "ep_return", "ep_length"]):
-                    traj[key][k, ta - 1] = step[i, :, j]
-            if ta == T:  # unroll complete: x_T is also x_0 of the next one
-                traj["obs"][k, T] = obs[i]
-                full_q.put(k)
-                while True:
-                    try:
-                        k = cur[a] = free_q.get(timeout=0.5)  # no free buffer: backpressure on every actor
-                        break
-                    except queue.Empty:
-                        if control.get("stop"):
-                            return waiting.clear()
-                seq[a], ta = seq[a] + 1, 0
-            if ta == 0:
-                traj["state"][k] = before[:, i]
-                traj["meta"][k] = torch.tensor([version, a, seq[a]])
-            traj["obs"][k, ta], traj["logits"][k, ta] = obs[i], logits[i]
-            traj["actions"][k, ta], traj["valid"][k, ta] = action[i], valid[i]
-            t[a] = ta + 1
-        for key, value in [("batch", len(R) * N), ("latency", 1000 * (time.time() - t0)),
-                           ("wait", 1000 * step[..., 6].mean().item())]:
-            control["stats"][key].append(value)
+        probs = torch.softmax(logits[0], -1)
+        action = torch.multinomial(probs, 1, generator=generator).view(len(requesters), num_envs).cpu()
+        state[:, index] = state_after.view(2, len(requesters), num_envs, -1)
+        logits = logits[0].view(len(requesters), num_envs, -1).cpu()
+        state_before = state_before.view(2, len(requesters), num_envs, -1).cpu()
+        slots["actions"][index] = action
+        # answer first, then do the bookkeeping while the actors step
+        for actor in requesters:
+            conns[actor].send_bytes(b"")
+        for i, actor in enumerate(requesters):
+            answered = {"obs": obs[i], "step": step[i], "logits": logits[i], "actions": action[i], "valid": valid[i]}
+            answered.update(state=state_before[:, i], version=version)
+            if not extend_unroll(args, buffers, unrolls, actor, answered, free_q, full_q, control):
+                waiting.clear()
+                return
+        control["stats"]["inference_batch_mean"].append(len(requesters) * num_envs)
+        control["stats"]["inference_latency_ms"].append(1000 * (time.time() - inference_start))
+        control["stats"]["actor_wait_ms"].append(1000 * step[..., 6].mean().item())
         waiting.clear()
 
 
-def flat_params(agent: nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in agent.parameters()]).cpu()
+def extend_unroll(args: Args, buffers: dict, unrolls: dict, actor: int, answered: dict, free_q, full_q, control):
+    """Add one answered request of `actor` to its unroll: what its previous action gave, then this step (x_t, the
+    behaviour logits, the action, valid). A complete unroll goes to the training thread (its x_T is also x_0 of the
+    next one), which takes a free buffer, waiting for one: backpressure on every actor. Returns False when the
+    learner stopped meanwhile."""
+    k = unrolls["buffer"][actor]
+    t = unrolls["t"][actor]
+    if t > 0:
+        for j, key in enumerate(["rewards", "terms", "dones", "returns", "ep_return", "ep_length"]):
+            buffers[key][k, t - 1] = answered["step"][:, j]
+    if t == args.unroll_length:
+        buffers["obs"][k, t] = answered["obs"]
+        full_q.put(k)
+        while True:
+            try:
+                k = free_q.get(timeout=0.5)
+                break
+            except queue.Empty:
+                if control.get("stop"):
+                    return False
+        unrolls["buffer"][actor] = k
+        unrolls["sequence"][actor] += 1
+        t = 0
+    if t == 0:
+        buffers["state"][k] = answered["state"]
+        buffers["meta"][k] = torch.tensor([answered["version"], actor, unrolls["sequence"][actor]])
+    for key in ["obs", "logits", "actions", "valid"]:
+        buffers[key][k, t] = answered[key]
+    unrolls["t"][actor] = t + 1
+    return True
 
 
 class ActorDied(RuntimeError):
     """An actor (or, in SEED, the link to it) is gone: the job ends non-zero."""
 
 
+def start_actors(args: Args, slots: dict, start_update: int):
+    """Fork the local actor processes (before the learner computes anything), each with a pipe to the inference
+    thread; the pipes of the remote actors end in their bridges. Returns (actors, pipes)."""
+    context = mp.get_context("fork")
+    # (learner end, actor end)
+    pipes = [context.Pipe() for _ in range(args.total_actors)]
+    actors = []
+    for actor in range(args.num_actors):
+        actor_args = (actor, args, slots, pipes[actor][1], None, start_update)
+        actors.append(context.Process(target=actor_loop, args=actor_args, daemon=True))
+    for process in actors:
+        process.start()
+    return actors, pipes
+
+
+def start_bridges(args: Args, groups: dict, slots: dict, pipes: list, control: dict) -> list:
+    """Rank 0's threads standing in for the remote actors, one per rank > 0 (actor indices after the local ones)."""
+    bridges = []
+    for rank in range(1, args.world_size):
+        actor = args.num_actors + rank - 1
+        bridge_args = (actor, rank, groups[rank], slots, pipes[actor][1], control)
+        bridges.append(threading.Thread(target=remote_bridge, args=bridge_args, daemon=True))
+    for bridge in bridges:
+        bridge.start()
+    return bridges
+
+
+def start_inference(args: Args, agent: Agent, lock, slots, pipes, buffers, num_buffers, control, device, start_update):
+    """The inference thread, with bounded free/full index queues between it and the training thread, every buffer
+    free; it draws actions from a generator seeded as one more actor would be. Returns (inference, free_q, full_q)."""
+    free_q = queue.Queue(maxsize=num_buffers)
+    full_q = queue.Queue(maxsize=num_buffers)
+    for k in range(num_buffers):
+        free_q.put(k)
+    generator = torch.Generator(device=device).manual_seed(env_seed(args, args.total_actors, start_update))
+    conns = [learner_end for learner_end, _ in pipes]
+    inference_args = (agent, lock, args, slots, conns, buffers, free_q, full_q, control, device, generator)
+    inference = threading.Thread(target=inference_loop, args=inference_args, daemon=True)
+    inference.start()
+    return inference, free_q, full_q
+
+
+def next_batch(args: Args, full_q, actors: list, inference, control: dict) -> list:
+    """Indices of the first unrolls_per_batch unrolls that the inference thread completed, waiting on the full queue
+    while watching the actors, their links and the inference thread."""
+    chosen = []
+    while len(chosen) < args.unrolls_per_batch:
+        try:
+            chosen.append(full_q.get(timeout=0.5))
+        except queue.Empty:
+            pass
+        # checked at every unroll: the other actors may keep the queue busy
+        for actor, process in enumerate(actors):
+            if process.exitcode is not None:
+                raise ActorDied(f"actor {actor} (pid {process.pid}) exited with code {process.exitcode}")
+        if "error" in control or not inference.is_alive():
+            raise ActorDied(control.get("error", "the inference thread stopped"))
+    return chosen
+
+
+def take_batch(buffers: dict, indices: list, free_q, device):
+    """Copy the unrolls out ([K, T, N] -> [T, K*N]) and hand their buffers straight back to inference. Returns the
+    batch (on the device), the discounted returns (the reward scaler's statistic), the versions of the parameters
+    that produced the unrolls, and the (return, length) of the episodes that ended in them."""
+    index = torch.tensor(indices)
+    batch = {key: buffer[index].transpose(0, 1).flatten(1, 2) for key, buffer in buffers.items() if key != "meta"}
+    versions = buffers["meta"][index][:, 0]
+    for k in indices:
+        free_q.put(k)
+    episode_return = batch.pop("ep_return")
+    episode_length = batch.pop("ep_length")
+    returns = batch.pop("returns")
+    ended = ~torch.isnan(episode_return)
+    finished = list(zip(episode_return[ended].tolist(), episode_length[ended].tolist(), strict=True))
+    batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+    return batch, returns, versions, finished
+
+
+def learner_step(args: Args, agent: Agent, optimizer, flat: torch.Tensor, batch: dict, returns, lock, control, version):
+    """One update: rewards scaled by the statistics before this batch, the V-trace loss and its gradient, then this
+    batch's discounted returns merged into the reward scaler; the clip, and the optimizer's step under the lock that
+    the inference thread holds for its forward pass, so that it never acts with half-updated parameters and knows
+    them as `version`. Returns the losses."""
+    return_rms = agent.return_rms
+    if return_rms is not None:
+        batch["rewards"] = scale_rewards(batch["rewards"], return_rms, args.clip_reward)
+    loss, losses = impala_loss(agent, batch, args)
+    # zeroed in place: the parameters' gradients are views of flat.grad
+    optimizer.zero_grad(set_to_none=False)
+    loss.backward()
+    if return_rms is not None:
+        moments = rms_moments(returns.to(flat.device), batch["valid"].reshape(-1), return_rms.mean)
+        return_rms.load(*rms_merge(return_rms.mean, return_rms.var, return_rms.count, moments))
+    torch.nn.utils.clip_grad_norm_([flat], args.max_grad_norm)
+    with lock:
+        optimizer.step()
+        control["version"] = version
+    return losses
+
+
+def learning_rate(args: Args, update: int) -> float:
+    """Annealed linearly to zero over the run (as in the paper), or constant."""
+    if args.anneal_lr:
+        return args.learning_rate * (1.0 - update / args.num_updates)
+    return args.learning_rate
+
+
 def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device, video_dir: Optional[str] = None):
     """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short episodes)."""
-    envs = make_env(env_id, episodes, seed, **(dict(episodic_life=False, reward_clip=False) if agent.image else {}))
+    options = dict(episodic_life=False, reward_clip=False) if agent.image else {}
+    envs = make_env(env_id, episodes, seed, **options)
     obs, _ = envs.reset()
-    returns, done = np.zeros(episodes), np.zeros(episodes, dtype=bool)
-    state, valid, frames = agent.initial_state(episodes, device), torch.ones(1, episodes, device=device), []
+    returns = np.zeros(episodes)
+    done = np.zeros(episodes, dtype=bool)
+    state = agent.initial_state(episodes, device)
+    valid = torch.ones(1, episodes, device=device)
+    frames = []
     while not done.all():
         with torch.no_grad():
             logits, _, state = agent(torch.as_tensor(obs, device=device).unsqueeze(0), valid, state)
-        obs, r, term, trunc, info = envs.step(logits[0].argmax(-1).cpu().numpy())
-        returns += info.get("reward", r) * ~done
+        obs, reward, terminated, truncated, info = envs.step(logits[0].argmax(-1).cpu().numpy())
+        returns += info.get("reward", reward) * ~done
         if video_dir is not None and not done[0]:
             frames.append(obs[0, -1])
-        done |= (info["terminated"].astype(bool) if "terminated" in info else term) | trunc
-        valid = torch.as_tensor(~(term | trunc), dtype=torch.float32, device=device).unsqueeze(0)
+        done |= (info["terminated"].astype(bool) if "terminated" in info else terminated) | truncated
+        valid = torch.as_tensor(~(terminated | truncated), dtype=torch.float32, device=device).unsqueeze(0)
     if frames:
         os.makedirs(video_dir, exist_ok=True)
         np.savez_compressed(os.path.join(video_dir, "eval_episode0.npz"), frames=np.stack(frames))
@@ -573,23 +780,236 @@ def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device, video_
     return returns
 
 
-def save_checkpoint(path: str, payload: dict) -> None:  # atomic: a temporary file beside the target, renamed over it
-    tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+# ----------------------------------------------------------------------------------------------- bookkeeping
+def process_start_time() -> float:
+    """When this process started (Linux /proc), so that startup_s also counts the imports."""
+    with open("/proc/self/stat") as stat:
+        start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as uptime:
+        uptime_s = float(uptime.read().split()[0])
+    return time.time() - uptime_s + start_ticks / os.sysconf("SC_CLK_TCK")
 
 
+def new_progress() -> dict:
+    """Everything a resumed run continues from; every time in it is a whole-run figure (docs/conventions.md §1a)."""
+    return {
+        "update": 0,
+        "global_step": 0,
+        "startup_s": 0.0,
+        "train_time_s": 0.0,
+        "wall_time_s": 0.0,
+        "time_to_threshold_s": None,
+        "threshold_step": None,
+        "recent_returns": deque(maxlen=20),
+    }
+
+
+def new_stats() -> dict:
+    """This segment's learner figures: the policy lag of every update; the last update's wait for its batch, its
+    compute, its losses and the means of the inference thread's figures since the update before (empty when it ran
+    no batch); those means of every update."""
+    return {
+        "lags": [],
+        "wait_s": 0.0,
+        "learn_s": 0.0,
+        "losses": torch.zeros(3),
+        "inference": {},
+        "inference_means": {"inference_batch_mean": [], "inference_latency_ms": [], "actor_wait_ms": []},
+    }
+
+
+def take_inference_stats(control: dict, stats: dict) -> None:
+    """The inference thread's figures since the last update (batch size, latency, the actors' waits), as means."""
+    since = control["stats"]
+    control["stats"] = {key: [] for key in since}
+    stats["inference"] = {key: float(np.mean(values)) for key, values in since.items() if values}
+    for key, value in stats["inference"].items():
+        stats["inference_means"][key].append(value)
+
+
+def start_clock(progress: dict) -> float:
+    """Training starts now: add this segment's start-up (process start to now) to the whole-run times."""
+    now = time.time()
+    startup = now - process_start_time()
+    progress["startup_s"] += startup
+    progress["wall_time_s"] += startup
+    return now
+
+
+def advance_clock(progress: dict, since: float, training: bool = True) -> float:
+    """Add the time since `since` to the whole-run wall time (and training time); returns now."""
+    now = time.time()
+    progress["wall_time_s"] += now - since
+    if training:
+        progress["train_time_s"] += now - since
+    return now
+
+
+def record_returns(progress: dict, returns: list, threshold) -> None:
+    """Finished training episodes; the first time the last-20 mean reaches the threshold is kept."""
+    for episode_return in returns:
+        progress["recent_returns"].append(episode_return)
+        recent = progress["recent_returns"]
+        reached = threshold is not None and len(recent) == recent.maxlen and np.mean(recent) >= threshold
+        if reached and progress["time_to_threshold_s"] is None:
+            progress["time_to_threshold_s"] = progress["train_time_s"]
+            progress["threshold_step"] = progress["global_step"]
+
+
+def log_update(writer, progress: dict, finished: list, scalars: dict) -> None:
+    """TensorBoard points of one iteration: its finished episodes, then the named scalars."""
+    step = progress["global_step"]
+    for episode_return, episode_length in finished:
+        writer.add_scalar("charts/episodic_return", episode_return, step)
+        writer.add_scalar("charts/episodic_length", episode_length, step)
+    for key, value in scalars.items():
+        writer.add_scalar(key, value, step)
+
+
+def learner_scalars(progress: dict, stats: dict, optimizer, full_q) -> dict:
+    """TensorBoard scalars of the last update."""
+    scalars = {
+        "charts/learning_rate": optimizer.param_groups[0]["lr"],
+        "charts/SPS": progress["global_step"] / progress["train_time_s"],
+        "charts/policy_lag": stats["lags"][-1],
+        "stats/learner_wait_s": stats["wait_s"],
+        "stats/learn_time_s": stats["learn_s"],
+        "stats/full_queue": full_q.qsize(),
+        **{f"stats/{key}": value for key, value in stats["inference"].items()},
+    }
+    losses = stats["losses"].tolist()
+    scalars.update(zip(["losses/policy_loss", "losses/value_loss", "losses/entropy"], losses, strict=True))
+    return scalars
+
+
+def print_progress(progress: dict, num_updates: int, last_print: float) -> float:
+    """A progress line at most every 2 s (and after the last update); returns when one was last printed."""
+    now = time.time()
+    if now - last_print < 2.0 and progress["update"] < num_updates:
+        return last_print
+    recent = progress["recent_returns"]
+    mean_return = f"{np.mean(recent):.1f}" if recent else "n/a"
+    sps = progress["global_step"] / max(progress["train_time_s"], 1e-9)
+    print(
+        f"update {progress['update']}/{num_updates} global_step={progress['global_step']} SPS={sps:.0f} "
+        f"return(last {len(recent)})={mean_return}",
+        flush=True,
+    )
+    return now
+
+
+def save_checkpoint(path: str, payload: dict) -> None:
+    """Atomic: write a temporary file beside the target, then rename it over the target."""
+    payload = {**payload, "recent_returns": list(payload["recent_returns"])}
+    temporary = f"{path}.tmp{os.getpid()}"
+    torch.save(payload, temporary)
+    os.replace(temporary, path)
+
+
+def restore(args, model, optimizer, device, checkpoint_path: str) -> dict:
+    """A fresh progress dict, or with --resume and a checkpoint, the checkpoint's, with the model and the optimizer
+    loaded in place. (Rank 0 only: the remote actors hold no model; agree_on_start gives them the restart point.)"""
+    progress = new_progress()
+    if not (args.resume and os.path.exists(checkpoint_path)):
+        return progress
+    checkpoint = torch.load(checkpoint_path, map_location=device, weights_only=True)
+    model.load_state_dict(checkpoint.pop("model"))
+    optimizer.load_state_dict(checkpoint.pop("optimizer"))
+    recent_returns = checkpoint.pop("recent_returns")
+    progress.update(checkpoint)
+    progress["recent_returns"].extend(recent_returns)
+    return progress
+
+
+def install_stop_handlers() -> dict:
+    """SIGTERM and SIGUSR1 (SLURM preemption) ask for a checkpoint at the end of the current update."""
+    stop = {"signal": 0}
+    for signal_number in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signal_number, lambda signum, frame: stop.update(signal=signum))
+    return stop
+
+
+def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
+    """TensorBoard (and wandb with --track); after a resume, points past the checkpoint's step are dropped."""
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=asdict(args),
+            name=args.run_name,
+            id=args.run_name,
+            resume="allow",
+        )
+    writer = SummaryWriter(run_dir, purge_step=progress["global_step"] if progress["update"] else None)
+    table = "\n".join(f"|{key}|{value}|" for key, value in asdict(args).items())
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+    return writer
+
+
+def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float, device, run_dir: str, stats: dict):
+    """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with --save-model, the weights."""
+    video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
+    eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 10**6, device, video_dir)
+    for episode, episode_return in enumerate(eval_returns):
+        writer.add_scalar("eval/episodic_return", episode_return, episode)
+    # the evaluation counts in wall time only
+    advance_clock(progress, clock, training=False)
+    recent = progress["recent_returns"]
+    lags = stats["lags"]
+    summary = {
+        "algo": "seed",
+        "env_id": args.env_id,
+        "seed": args.seed,
+        "world_size": args.world_size,
+        "num_actors": args.total_actors,
+        "global_step": progress["global_step"],
+        "wall_time_s": progress["wall_time_s"],
+        "startup_s": progress["startup_s"],
+        "train_time_s": progress["train_time_s"],
+        "sps": progress["global_step"] / progress["train_time_s"],
+        "eval_return_mean": float(np.mean(eval_returns)),
+        "eval_return_std": float(np.std(eval_returns)),
+        "reward_threshold": envpool.make_spec(args.env_id).reward_threshold,
+        "train_return_last20": float(np.mean(recent)) if recent else None,
+        "time_to_threshold_s": progress["time_to_threshold_s"],
+        "threshold_step": progress["threshold_step"],
+        # None: resumed with no update left
+        "policy_lag_mean": float(np.mean(lags)) if lags else None,
+        **{key: float(np.mean(means)) if means else None for key, means in stats["inference_means"].items()},
+        "params_sha256": hashlib.sha256(flat_params(agent).numpy().tobytes()).hexdigest(),
+    }
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    if args.save_model:
+        torch.save({key: value.cpu() for key, value in agent.state_dict().items()}, os.path.join(run_dir, "model.pt"))
+    print(
+        f"eval return {summary['eval_return_mean']:.1f} +- {summary['eval_return_std']:.1f}; "
+        f"time to threshold: {summary['time_to_threshold_s']}; summary in {run_dir}/summary.json",
+        flush=True,
+    )
+
+
+# ----------------------------------------------------------------------------------------------- distribution
 def available_cpus() -> int:
     """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not the machine's
-    core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE)."""
-    return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # Linux, as /proc
+    core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE). Linux, as /proc."""
+    return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def default_num_actors(args: Args) -> int:
+    """--num-actors 0: one local actor per available CPU (remote ranks add one actor each)."""
+    return args.num_actors or available_cpus()
 
 
 def setup_distributed(args: Args):
     """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE. Rank 0 is the learner; rank r > 0 is a remote actor linked to it
     by a gloo pair group (CPU tensors; inference may still run on the learner's GPU). Alone: world size 1."""
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    args.rank, args.local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    args.rank = int(os.environ.get("RANK", "0"))
+    args.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = args.cuda and torch.cuda.is_available() and args.rank == 0
     device = torch.device(f"cuda:{args.local_rank}" if use_cuda else "cpu")
     if use_cuda:
@@ -597,244 +1017,180 @@ def setup_distributed(args: Args):
     groups = {}
     if args.world_size > 1:
         dist.init_process_group("gloo", init_method="env://")
-        groups = {r: dist.new_group([0, r]) for r in range(1, args.world_size)}  # every rank creates every group
+        # every rank creates every group
+        groups = {rank: dist.new_group([0, rank]) for rank in range(1, args.world_size)}
     return device, groups
 
 
-def main(args: Args) -> int:
-    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")  # envpool's spaces
-    validate(args)
-    device, groups = setup_distributed(args)
-    rank, world = args.rank, args.world_size
-    args.num_actors = args.num_actors or available_cpus()
-    args.total_actors = args.num_actors + world - 1
-    args.unrolls_per_batch = args.batch_size // args.num_envs
-    num_buffers = args.num_buffers or max(2 * args.unrolls_per_batch, args.unrolls_per_batch + 2 * args.total_actors)
-    steps_per_update = args.batch_size * args.unroll_length
-    args.num_updates = max(1, args.total_timesteps // steps_per_update)
-    args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
-    run_dir, ckpt_path = os.path.join("runs", args.run_name), os.path.join("runs", args.run_name, "checkpoint.pt")
+def agree_on_start(args: Args, update: int) -> int:
+    """The learner's restart point (`update` on rank 0), sent to the remote actors, whose env seeds depend on it."""
+    start = torch.tensor([update])
+    if args.resume and args.world_size > 1:
+        dist.broadcast(start, 0)
+    return int(start)
+
+
+def seed_everything(args: Args, device) -> None:
+    """Threads and seeds (the same on every rank: identical initial weights); deterministic kernels on CUDA (the CPU
+    ones used here are deterministic already)."""
     torch.set_num_threads(args.torch_threads or 1)
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    ckpt = torch.load(ckpt_path, map_location=device, weights_only=True) \
-        if args.resume and rank == 0 and os.path.exists(ckpt_path) else None
-    start = torch.tensor([ckpt["update"] if ckpt else 0])
-    if args.resume and world > 1:  # the learner's restart point decides every actor's env seeds
-        dist.broadcast(start, 0)
-    start_update = int(start)
-    if rank > 0:  # a remote actor: its actor index follows the learner's local actors
-        actor_loop(args.num_actors + rank - 1, args, actor_slots(args, envpool.make_spec(args.env_id), args.total_actors),
-                   None, groups[rank], start_update)
-        dist.barrier()
-        dist.destroy_process_group()
-        return 0
-    if device.type == "cuda":  # CPU ops used here are deterministic already; this call costs ~1 s of imports
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS refuses deterministic mode without it
+    if device.type == "cuda":
+        # cuBLAS refuses deterministic mode without it
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(args.torch_deterministic)
         torch.backends.cudnn.deterministic = args.torch_deterministic
 
+
+def stop_remote_actors(args: Args, slots: dict, pipes: list, bridges: list, control: dict) -> None:
+    """Answer each remote actor's next request with "stop" and wait (30 s at most) until its bridge has sent it."""
+    slots["actions"][args.num_actors :] = -1
+    for actor, bridge in enumerate(bridges, start=args.num_actors):
+        conn = pipes[actor][0]
+        deadline = time.time() + 30
+        # read by the inference thread, not answered
+        if actor in control["waiting"]:
+            conn.send_bytes(b"")
+        # a bridge returns once it has sent "stop"
+        while bridge.is_alive() and time.time() < deadline:
+            if conn.poll(0.1):
+                conn.recv_bytes()
+                conn.send_bytes(b"")
+        if bridge.is_alive():
+            print(
+                f"{os.path.basename(sys.argv[0])}: error: remote actor {actor} did not take its stop in 30 s",
+                file=sys.stderr,
+                flush=True,
+            )
+            # torchrun stops the remote actors
+            os._exit(1)
+
+
+def finish_distributed(args: Args, exit_code: int) -> None:
+    """Leave the process group: together at a barrier, or at once after an error (a barrier would wait forever for
+    this rank's peers; torchrun stops them)."""
+    if args.world_size == 1:
+        return
+    if exit_code:
+        os._exit(exit_code)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_remote_actor(args: Args, spec, groups: dict) -> int:
+    """Rank r > 0: one remote actor, whose actor index follows the learner's local actors."""
+    slots = actor_slots(args, spec, args.total_actors)
+    actor_loop(args.num_actors + args.rank - 1, args, slots, None, groups[args.rank], agree_on_start(args, 0))
+    finish_distributed(args, 0)
+    return 0
+
+
+def main(args: Args) -> int:
+    # envpool's spaces warn about it
+    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
+    validate(args)
+    device, groups = setup_distributed(args)
+    args.num_actors = default_num_actors(args)
+    args.total_actors = args.num_actors + args.world_size - 1
+    args.unrolls_per_batch = args.batch_size // args.num_envs
+    num_buffers = args.num_buffers or max(2 * args.unrolls_per_batch, args.unrolls_per_batch + 2 * args.total_actors)
+    args.num_updates = max(1, args.total_timesteps // (args.batch_size * args.unroll_length))
+    args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
+    run_dir = os.path.join("runs", args.run_name)
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+    seed_everything(args, device)
     spec = envpool.make_spec(args.env_id)
-    threshold = spec.reward_threshold  # None for envs without one
-    args.norm_reward = len(spec.observation_space.shape) != 3 if args.norm_reward is None else args.norm_reward
-    agent = Agent(spec.observation_space.shape, spec.action_space.n, args.network, args.use_lstm,
-                  args.norm_reward).to(device)
-    params = list(agent.parameters())
-    opt_state = optimizer_init(params)
-    global_step, wall_before, time_to_threshold, threshold_step = 0, 0.0, None, None
-    elapsed_before = 0.0  # wall time of earlier segments, each from its process start (whole-run figures)
-    recent, lags = deque(maxlen=20), []
-    if ckpt:
-        agent.load_state_dict(ckpt["model"])  # and below: .get, for checkpoints from before whole-run times
-        opt_state, elapsed_before = ckpt["optimizer"], ckpt.get("elapsed_s", 0.0)
-        global_step, wall_before = ckpt["global_step"], ckpt["wall_time_s"]
-        time_to_threshold, threshold_step = ckpt["time_to_threshold_s"], ckpt["threshold_step"]
-        recent.extend(ckpt["recent_returns"])
+    if args.rank > 0:
+        return run_remote_actor(args, spec, groups)
+    threshold = spec.reward_threshold
+    if args.norm_reward is None:
+        args.norm_reward = len(spec.observation_space.shape) != 3
+    agent = Agent(spec.observation_space.shape, spec.action_space.n, args.network, args.use_lstm, args.norm_reward)
+    agent = agent.to(device)
+    flat = flatten_parameters(agent)
+    optimizer = make_optimizer(args, flat)
+    progress = restore(args, agent, optimizer, device, checkpoint_path)
+    start_update = agree_on_start(args, progress["update"])
 
     # Actor processes first (fork before the learner computes anything), then the bridges and the inference thread.
     slots = actor_slots(args, spec, args.total_actors)
-    ctx = mp.get_context("fork")
-    pipes = [ctx.Pipe() for _ in range(args.total_actors)]  # (learner end, actor end)
-    actors = [ctx.Process(target=actor_loop, args=(i, args, slots, pipes[i][1], None, start_update), daemon=True)
-              for i in range(args.num_actors)]
-    for p in actors:
-        p.start()
-    control = {"version": start_update, "stats": {"batch": [], "latency": [], "wait": []}}
-    bridges = [threading.Thread(target=remote_bridge, daemon=True,
-                                args=(args.num_actors + r - 1, r, groups[r], slots, pipes[args.num_actors + r - 1][1], control))
-               for r in range(1, world)]
-    for b in bridges:
-        b.start()
-    traj = trajectory_buffers(args, spec, num_buffers, agent.initial_state(1).shape[-1])
-    free_q, full_q = queue.Queue(maxsize=num_buffers), queue.Queue(maxsize=num_buffers)
-    for k in range(num_buffers):
-        free_q.put(k)
-    generator = torch.Generator(device=device).manual_seed(env_seed(args, args.total_actors, start_update))
-    lock = threading.Lock()  # held by inference's forward pass and the optimizer step
-    inference = threading.Thread(target=inference_loop, daemon=True,
-                                 args=(agent, lock, args, slots, [p[0] for p in pipes], traj, free_q, full_q, control,
-                                       device, generator))
-    inference.start()
-
-    from torch.utils.tensorboard import SummaryWriter
-    if args.track:
-        import wandb
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=asdict(args), name=args.run_name, id=args.run_name, resume="allow")
-    writer = SummaryWriter(run_dir, purge_step=global_step if start_update else None)  # drop points after it
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
-
-    stop = {"signal": 0}
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, lambda signum, frame: stop.update(signal=signum))
-
-    def checkpoint(next_update: int):
-        save_checkpoint(ckpt_path, {"model": agent.state_dict(), "optimizer": opt_state, "update": next_update,
-                                    "global_step": global_step, "wall_time_s": wall_before + time.time() - train_start,
-                                    "elapsed_s": elapsed_before + time.time() - PROCESS_START, "recent_returns": list(recent),
-                                    "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step})
-
-    def next_batch() -> list:  # unrolls_per_batch finished unrolls, in the order they were finished
-        chosen = []
-        while len(chosen) < args.unrolls_per_batch:
-            try:
-                chosen.append(full_q.get(timeout=0.5))
-            except queue.Empty:
-                pass
-            for i, p in enumerate(actors):  # checked at every unroll: the other actors may keep the queue busy
-                if p.exitcode is not None:
-                    raise ActorDied(f"actor {i} (pid {p.pid}) exited with code {p.exitcode}")
-            if "error" in control or not inference.is_alive():
-                raise ActorDied(control.get("error", "the inference thread stopped"))
-        return chosen
-
-    sps, last_print, exit_code = 0.0, 0.0, 0
-    inference_totals = {"inference_batch_mean": [], "inference_latency_ms": [], "actor_wait_ms": []}  # per update
-    train_start = time.time()
+    actors, pipes = start_actors(args, slots, start_update)
+    inference_stats = {"inference_batch_mean": [], "inference_latency_ms": [], "actor_wait_ms": []}
+    control = {"version": start_update, "stats": inference_stats}
+    bridges = start_bridges(args, groups, slots, pipes, control)
+    buffers = unroll_buffers(args, spec, num_buffers, agent.initial_state(1).shape[-1])
+    lock = threading.Lock()
+    inference, free_q, full_q = start_inference(
+        args, agent, lock, slots, pipes, buffers, num_buffers, control, device, start_update
+    )
+    writer = open_writer(args, run_dir, progress)
+    stop = install_stop_handlers()
+    stats = new_stats()
+    last_print = 0.0
+    exit_code = 0
+    clock = start_clock(progress)
     try:
         for update in range(start_update, args.num_updates):
-            t0 = time.time()
-            idx = torch.tensor(next_batch())
-            wait_time = time.time() - t0
-            # Copy the unrolls out ([K, T, N] -> [T, K*N]) and hand the buffers straight back.
-            batch = {k: v[idx].transpose(0, 1).flatten(1, 2) for k, v in traj.items() if k != "meta"}
-            meta = traj["meta"][idx]
-            for k in idx.tolist():
-                free_q.put(k)
-            ep_return, ep_length, returns = batch.pop("ep_return"), batch.pop("ep_length"), batch.pop("returns")
-            ended = ~torch.isnan(ep_return)
-            finished = list(zip(ep_return[ended].tolist(), ep_length[ended].tolist()))
-            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            lr = args.learning_rate * (1.0 - update / args.num_updates) if args.anneal_lr else args.learning_rate
-
-            t1 = time.time()
-            rms = agent.return_rms
-            if rms is not None:  # scaled by the statistics before this batch, then the batch is merged in
-                batch["rewards"] = scale_rewards(batch["rewards"], rms, args.clip_reward)
-                rms.load(*rms_merge(rms.mean, rms.var, rms.count,
-                                    rms_moments(returns.to(device), batch["valid"].reshape(-1), rms.mean)))
-            loss, losses = impala_loss(agent, batch, args)
-            agent.zero_grad(set_to_none=False)
-            loss.backward()
-            grad = clip_grad(torch.cat([p.grad.reshape(-1) for p in params]), args.max_grad_norm)
-            with lock:  # the inference thread never sees half-updated parameters
-                if args.optimizer == "rmsprop":
-                    rmsprop_step(params, grad, opt_state, lr, args.rmsprop_alpha, args.rmsprop_eps)
-                else:
-                    adam_step(params, grad, opt_state, lr, eps=args.adam_eps)
-                control["version"] = update + 1
-            learn_time = time.time() - t1
-
-            global_step += steps_per_update
-            lag = update - meta[:, 0].double().mean().item()  # learner version minus the batch's versions
-            lags.append(lag)
-            for ret, _ in finished:
-                recent.append(ret)
-                if threshold is not None and time_to_threshold is None and len(recent) == 20 and np.mean(recent) >= threshold:
-                    time_to_threshold, threshold_step = elapsed_before + time.time() - PROCESS_START, global_step
-            now = time.time()
-            sps = global_step / (wall_before + now - train_start)  # whole run
-            for ret, length in finished:
-                writer.add_scalar("charts/episodic_return", ret, global_step)
-                writer.add_scalar("charts/episodic_length", length, global_step)
-            stats, control["stats"] = control["stats"], {"batch": [], "latency": [], "wait": []}
-            means = {key: float(np.mean(v)) for key, v in zip(inference_totals, stats.values()) if v}  # {}: no batch
-            for key, value in means.items():
-                inference_totals[key].append(value)
-            scalars = {"charts/learning_rate": lr, "charts/SPS": sps, "charts/policy_lag": lag, "stats/learner_wait_s":
-                       wait_time, "stats/learn_time_s": learn_time, "stats/full_queue": full_q.qsize(),
-                       **{f"stats/{key}": value for key, value in means.items()}}
-            scalars.update(zip(["losses/policy_loss", "losses/value_loss", "losses/entropy"], losses.tolist()))
-            for key, value in scalars.items():
-                writer.add_scalar(key, value, global_step)
-            if now - last_print > 2.0 or update == args.num_updates - 1:
-                last_print = now
-                mean = f"{np.mean(recent):.1f}" if recent else "n/a"
-                print(f"update {update + 1}/{args.num_updates} global_step={global_step} SPS={sps:.0f} "
-                      f"policy_lag={lag:.1f} return(last {len(recent)})={mean}", flush=True)
-            if args.checkpoint_every and (update + 1) % args.checkpoint_every == 0:
-                checkpoint(update + 1)
-            if stop["signal"]:  # SIGTERM/SIGUSR1 (SLURM preemption): save, then exit cleanly
-                checkpoint(update + 1)
-                print(f"signal received: checkpoint of update {update + 1} written to {ckpt_path}; "
-                      "rerun with --resume to continue", flush=True)
+            # COLLECT: the first unrolls that the inference thread completed
+            wait_start = time.time()
+            indices = next_batch(args, full_q, actors, inference, control)
+            learn_start = time.time()
+            batch, returns, versions, finished = take_batch(buffers, indices, free_q, device)
+            # LEARN and PUBLISH: V-trace on the batch; the step is published to the inference thread as update + 1
+            optimizer.param_groups[0]["lr"] = learning_rate(args, update)
+            losses = learner_step(args, agent, optimizer, flat, batch, returns, lock, control, update + 1)
+            learn_end = time.time()
+            # BOOKKEEPING: clocks, policy lag (learner version minus the batch's), episodes, logs, checkpoints
+            progress["update"] = update + 1
+            progress["global_step"] += args.batch_size * args.unroll_length
+            clock = advance_clock(progress, clock)
+            stats["lags"].append(update - versions.double().mean().item())
+            stats["wait_s"] = learn_start - wait_start
+            stats["learn_s"] = learn_end - learn_start
+            stats["losses"] = losses
+            take_inference_stats(control, stats)
+            record_returns(progress, [episode_return for episode_return, _ in finished], threshold)
+            log_update(writer, progress, finished, learner_scalars(progress, stats, optimizer, full_q))
+            last_print = print_progress(progress, args.num_updates, last_print)
+            # SIGTERM/SIGUSR1 (SLURM preemption): save, then exit cleanly
+            stopping = stop["signal"] != 0
+            due = args.checkpoint_every and progress["update"] % args.checkpoint_every == 0
+            if stopping or due:
+                checkpoint = {**progress, "model": agent.state_dict(), "optimizer": optimizer.state_dict()}
+                save_checkpoint(checkpoint_path, checkpoint)
+            if stopping:
+                print(
+                    f"signal received: checkpoint of update {progress['update']} written to {checkpoint_path}; "
+                    "rerun with --resume to continue",
+                    flush=True,
+                )
                 break
         else:
-            wall = wall_before + time.time() - train_start
-            video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
-            for p in actors:  # the actors' CPU is the evaluation's now
-                p.kill()
-            eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 10**6, device, video_dir)
-            for i, r in enumerate(eval_returns):
-                writer.add_scalar("eval/episodic_return", r, i)
-            import hashlib
-            summary = {"algo": "seed", "env_id": args.env_id, "seed": args.seed, "world_size": world,
-                       "num_actors": args.total_actors, "global_step": global_step, "train_time_s": wall,
-                       "wall_time_s": elapsed_before + time.time() - PROCESS_START, "sps": global_step / wall,
-                       "eval_return_mean": float(np.mean(eval_returns)), "eval_return_std": float(np.std(eval_returns)),
-                       "train_return_last20": float(np.mean(recent)) if recent else None,
-                       "time_to_threshold_s": time_to_threshold, "threshold_step": threshold_step,
-                       "reward_threshold": threshold, "policy_lag_mean": float(np.mean(lags)) if lags else None,
-                       **{k: float(np.mean(v)) if v else None for k, v in inference_totals.items()},  # None: no update
-                       "params_sha256": hashlib.sha256(flat_params(agent).numpy().tobytes()).hexdigest()}
-            with open(os.path.join(run_dir, "summary.json"), "w") as f:
-                json.dump(summary, f, indent=2)
-            if args.save_model:
-                save_checkpoint(os.path.join(run_dir, "model.pt"), {k: v.cpu() for k, v in agent.state_dict().items()})
-            print(f"eval return {summary['eval_return_mean']:.1f} +- {summary['eval_return_std']:.1f}; "
-                  f"time to threshold: {time_to_threshold}; summary in {run_dir}/summary.json", flush=True)
+            clock = advance_clock(progress, clock)
+            # the actors' CPU is the evaluation's now
+            for process in actors:
+                process.kill()
+            write_summary(args, agent, writer, progress, clock, device, run_dir, stats)
     except ActorDied as e:
         print(f"{os.path.basename(sys.argv[0])}: error: {e}; stopping", file=sys.stderr, flush=True)
         exit_code = 1
     finally:
         control["stop"] = True
-        for p in actors:
-            p.kill()
-        for p in actors:
-            p.join()
+        for process in actors:
+            process.kill()
+        for process in actors:
+            process.join()
         inference.join(timeout=10)
     writer.close()
     if args.track:
-        wandb.finish()  # imported above, with wandb.init
-    if world > 1:
-        if exit_code:
-            os._exit(exit_code)  # torchrun stops the remote actors
-        slots["actions"][args.num_actors:] = -1  # answer each remote actor's next request with "stop"
-        for a, b in enumerate(bridges, start=args.num_actors):
-            conn, end = pipes[a][0], time.time() + 30
-            if a in control["waiting"]:  # read by the inference thread, not answered
-                conn.send_bytes(b"")
-            while b.is_alive() and time.time() < end:  # a bridge returns once it has sent "stop"
-                if conn.poll(0.1):
-                    conn.recv_bytes()
-                    conn.send_bytes(b"")
-            if b.is_alive():
-                print(f"{os.path.basename(sys.argv[0])}: error: remote actor {a} did not take its stop in 30 s",
-                      file=sys.stderr, flush=True)
-                os._exit(1)  # torchrun stops the remote actors
-        dist.barrier()
-        dist.destroy_process_group()
+        import wandb
+
+        wandb.finish()
+    if not exit_code:
+        stop_remote_actors(args, slots, pipes, bridges, control)
+    finish_distributed(args, exit_code)
     return exit_code
 
 

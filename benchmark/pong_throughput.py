@@ -66,15 +66,15 @@ def main() -> None:
         "dones": torch.zeros(T, B),
         "valid": torch.ones(T, B),
     }
-    params = list(agent.parameters())
-    opt = impala.optimizer_init(params)
+    flat = impala.flatten_parameters(agent)
+    optimizer = torch.optim.Adam([flat], lr=1e-4, eps=1e-5)
 
     def learn():
         loss, _ = impala.impala_loss(agent, batch, args)
-        agent.zero_grad(set_to_none=False)
+        optimizer.zero_grad(set_to_none=False)
         loss.backward()
-        grad = impala.clip_grad(torch.cat([p.grad.reshape(-1) for p in params]), 40.0)
-        impala.adam_step(params, grad, opt, 1e-4)
+        torch.nn.utils.clip_grad_norm_([flat], 40.0)
+        optimizer.step()
 
     t_learn = timed(learn, a.seconds) / (T * B)
     limit = 1.0 / (t_env + t_infer + t_learn)

@@ -1,7 +1,16 @@
-"""SEED-style central inference (algos/seed.py). V-trace, the loss, the optimizers and the networks are the same
+"""SEED-style central inference (algos/seed.py). V-trace, the loss and the networks are the same
 text as in algos/impala.py and are tested on both files in tests/test_impala.py."""
+
 import pytest
-from conftest import (SUMMARY_KEYS, assert_bad_argument, assert_solves, bad_cases, check_ok, kill_one_worker, sigterm_then_resume)
+from conftest import (
+    SUMMARY_KEYS,
+    assert_bad_argument,
+    assert_solves,
+    bad_cases,
+    check_ok,
+    kill_one_worker,
+    sigterm_then_resume,
+)
 
 FAST = ["--total-timesteps", 16000]
 
@@ -32,8 +41,11 @@ def test_torchrun_learner_and_remote_actor(runner):
 def test_fewest_buffers_accepted_do_not_deadlock(runner):
     """3 actors each holding a buffer, 2 unrolls per batch: 4 buffers are the least that always let the learner
     gather a batch (validation refuses 3, which used to hang forever)."""
-    check_ok(runner.run("seed", "--total-timesteps", 3200, "--num-actors", 3, "--batch-size", 16, "--num-buffers", 4,
-                        timeout=120))
+    check_ok(
+        runner.run(
+            "seed", "--total-timesteps", 3200, "--num-actors", 3, "--batch-size", 16, "--num-buffers", 4, timeout=120
+        )
+    )
     assert runner.summary("CartPole-v1", "seed")["global_step"] == 3200
 
 
@@ -59,11 +71,22 @@ def test_sigterm_under_torchrun_with_a_remote_actor_checkpoints_and_resumes(runn
     assert s["global_step"] == 100000 - 100000 % 160 and s["world_size"] == 2
 
 
-@pytest.mark.parametrize("args,name", bad_cases([
-    (["--seed", -1], "seed"), (["--env-id", "NoSuchEnv-v0"], "env-id"), (["--env-id", "Pendulum-v1"], "env-id"),
-    (["--batch-size", 12], "batch-size"), (["--inference-timeout-ms", -1], "inference-timeout-ms"),
-    (["--c-bar", 0], "c-bar"), (["--network", "nature"], "network"), (["--num-buffers", 1, "--batch-size", 16], "num-buffers"),
-    (["--num-actors", 3, "--batch-size", 16, "--num-buffers", 3], "num-buffers")]))  # 3 would deadlock: 3 + 2 - 1 = 4
+@pytest.mark.parametrize(
+    "args,name",
+    bad_cases(
+        [
+            (["--seed", -1], "seed"),
+            (["--env-id", "NoSuchEnv-v0"], "env-id"),
+            (["--env-id", "Pendulum-v1"], "env-id"),
+            (["--batch-size", 12], "batch-size"),
+            (["--inference-timeout-ms", -1], "inference-timeout-ms"),
+            (["--c-bar", 0], "c-bar"),
+            (["--network", "nature"], "network"),
+            (["--num-buffers", 1, "--batch-size", 16], "num-buffers"),
+            (["--num-actors", 3, "--batch-size", 16, "--num-buffers", 3], "num-buffers"),
+        ]
+    ),
+)  # 3 would deadlock: 3 + 2 - 1 = 4
 def test_bad_arguments(runner, args, name):
     assert_bad_argument(runner.run("seed", *args), name, runner.cwd)
 
@@ -74,8 +97,10 @@ def test_remote_bridge_stops_on_what_it_sent(monkeypatch):
     an answer and the job hung in the final barrier), and return only after it has sent -1."""
     import multiprocessing
     import threading
+
     import torch
     from conftest import load_algo
+
     seed = load_algo("seed")
     slots = {"obs": torch.zeros(1, 2, 4), "step": torch.zeros(1, 2, 7), "actions": torch.ones(1, 2, dtype=torch.long)}
     sent = []
