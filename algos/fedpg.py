@@ -10,7 +10,9 @@ variance-reduced (SCSG) inner loop on trajectories of its own. `--num-byzantine 
   python algos/fedpg.py --aggregator fedpg-br --num-byzantine 3 --attack sign-flip
   torchrun --standalone --nproc_per_node=2 algos/fedpg.py               # the same 10 clients on 2 ranks
 """
+
 import ctypes
+import functools
 import hashlib
 import json
 import math
@@ -19,36 +21,19 @@ import signal
 import socket
 import sys
 import time
-import types
 import warnings
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Optional, Tuple
 
-
-def process_start_time() -> float:
-    """Wall-clock time at which this process started (Linux /proc), so start-up and imports are counted."""
-    try:
-        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
-            ticks, up = int(stat.read().rsplit(")", 1)[1].split()[19]), float(uptime.read().split()[0])
-        return time.time() - up + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return time.time()
-
-
-PROCESS_START = process_start_time()
-
-# `import envpool` registers every env family it ships. Four of them cost ~0.6 s of start-up (jumanji's alone
-# imports matplotlib) and have no environment this file can train on; their registration is skipped.
-if "envpool" not in sys.modules:
-    for _name in ("jumanji", "pgx", "mujoco.dmc", "mujoco.playground"):
-        sys.modules[f"envpool.{_name}.registration"] = types.ModuleType(f"envpool.{_name}.registration")
-import envpool  # noqa: E402
-import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-import tyro  # noqa: E402
+import envpool
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import tyro
+from torch.utils.tensorboard import SummaryWriter
 
 
 @dataclass
@@ -104,7 +89,8 @@ def fail(arg: str, message: str) -> None:
 
 
 def validate(args: Args) -> None:
-    if not 0 <= args.seed < 2**29:  # env seeds add offsets (up to 10**9) to it and must stay 32-bit
+    # env seeds add offsets (up to 10**9) to the seed and must stay 32-bit
+    if not 0 <= args.seed < 2**29:
         fail("seed", f"must be in [0, 2**29), got {args.seed}")
     for name in ["total_timesteps", "eval_episodes", "num_clients", "B", "b", "local_updates", "sigma", "env_threads"]:
         if getattr(args, name) <= 0:
@@ -117,27 +103,34 @@ def validate(args: Args) -> None:
             fail(name, f"must be in {'(0, 0.5)' if name == 'alpha' else '(0, 1]'}, got {getattr(args, name)}")
     if 2 * args.num_byzantine >= args.num_clients:
         fail("num_byzantine", f"must be below half of --num-clients ({args.num_clients}), got {args.num_byzantine}")
-    if not 0 <= args.trim_fraction < 0.5 or 2 * math.floor(args.trim_fraction * args.num_clients + 1e-9) >= args.num_clients:
+    trimmed = math.floor(args.trim_fraction * args.num_clients + 1e-9)
+    if not 0 <= args.trim_fraction < 0.5 or 2 * trimmed >= args.num_clients:
         fail("trim_fraction", f"must be in [0, 0.5) and leave a client untrimmed, got {args.trim_fraction}")
     if args.aggregator == "fedpg-br" and args.local_updates != 1:
         fail("local_updates", "fedpg-br clients send one gradient per round; leave it at 1")
-    if not 0 <= args.heterogeneity < 1 or (args.heterogeneity and (args.env_id != "CartPole-v1" or args.num_clients < 2)):
-        fail("heterogeneity", f"must be in [0, 1); it varies CartPole-v1's pole over 2+ clients, got {args.heterogeneity}")
+    cartpole_clients = args.env_id == "CartPole-v1" and args.num_clients >= 2
+    if not 0 <= args.heterogeneity < 1 or (args.heterogeneity and not cartpole_clients):
+        fail(
+            "heterogeneity",
+            f"must be in [0, 1); it varies CartPole-v1's pole over 2+ clients, got {args.heterogeneity}",
+        )
     if any(h <= 0 for h in args.hidden_sizes):
         fail("hidden_sizes", f"must be positive, got {args.hidden_sizes}")
     processes = int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else args.num_workers
     if "WORLD_SIZE" in os.environ and args.num_workers > 1 or processes > args.num_clients:
         fail("num_workers", f"{processes} processes for {args.num_clients} clients (under torchrun: leave it at 0)")
-    if args.capture_video:  # kept in Args for the common block
+    # kept in Args for the common block
+    if args.capture_video:
         fail("capture_video", "not supported here (vector-observation tasks only)")
     if args.env_id not in envpool.list_all_envs():
         fail("env_id", f"'{args.env_id}' is not an envpool environment")
     spec = envpool.make_spec(args.env_id)
-    obs_space, act_space = spec.observation_space, spec.action_space
+    obs_space = spec.observation_space
+    action_space = spec.action_space
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
         fail("env_id", f"'{args.env_id}' has observation space {obs_space}; fedpg needs a flat Box")
-    if not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(act_space.shape) > 1:
-        fail("env_id", f"'{args.env_id}' has action space {act_space}; fedpg needs Discrete or 1-D Box")
+    if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(action_space.shape) > 1:
+        fail("env_id", f"'{args.env_id}' has action space {action_space}; fedpg needs Discrete or 1-D Box")
 
 
 # ----------------------------------------------------------------------------------------------- environment
@@ -147,20 +140,30 @@ def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, pole_s
     physics is fixed. Both autoreset on the next step."""
     if pole_scale is not None:
         from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
+
         envs = CartPoleVectorEnv(num_envs)
-        envs.length *= pole_scale  # half the pole's length; the physics reads these two products too
+        # half the pole's length; the physics reads these two products too
+        envs.length *= pole_scale
         envs.polemass_length = envs.masspole * envs.length
-        envs.reset = lambda reset=envs.reset: reset(seed=seed)
+        envs.reset = functools.partial(envs.reset, seed=seed)
         return envs
-    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_threads=num_threads,
-                        thread_affinity_offset=-1)
+    return envpool.make(
+        env_id,
+        env_type="gymnasium",
+        num_envs=num_envs,
+        seed=seed,
+        num_threads=num_threads,
+        thread_affinity_offset=-1,
+    )
 
 
 def pole_scale(args: Args, client: int) -> Optional[float]:
     """Client k's pole-length factor 1 + h (2k / (K - 1) - 1), spread over [1 - h, 1 + h]; None without h."""
     if not args.heterogeneity:
         return None
-    return 1.0 + args.heterogeneity * (2 * client / (args.num_clients - 1) - 1) if args.num_clients > 1 else 1.0
+    if args.num_clients == 1:
+        return 1.0
+    return 1.0 + args.heterogeneity * (2 * client / (args.num_clients - 1) - 1)
 
 
 def client_env_seed(args: Args, round_: int, local_update: int, client: int) -> int:
@@ -183,9 +186,10 @@ class Policy:
         self.continuous = isinstance(action_space, gym.spaces.Box)
         self.n_out = int(np.prod(action_space.shape)) if self.continuous else int(action_space.n)
         sizes = [obs_dim, *hidden_sizes, self.n_out]
+        # (out, in) of each layer; theta is the weights and biases of each layer (and the log-std), flat
         self.shapes = [(sizes[i + 1], sizes[i]) for i in range(len(sizes) - 1)]
         self.sizes = [n for o, i in self.shapes for n in (o * i, o)] + ([self.n_out] if self.continuous else [])
-        self.num_params = sum(self.sizes)  # theta is the weights and biases of each layer (and the log-std), flat
+        self.num_params = sum(self.sizes)
         if self.continuous:
             self.low = torch.as_tensor(action_space.low, dtype=torch.float32)
             self.high = torch.as_tensor(action_space.high, dtype=torch.float32)
@@ -194,29 +198,37 @@ class Policy:
         """Orthogonal weights (gain sqrt 2; 0.01 for the output layer), zero biases, log-std 0."""
         chunks = []
         for k, (o, i) in enumerate(self.shapes):
-            w = torch.nn.init.orthogonal_(torch.empty(o, i), 0.01 if k == len(self.shapes) - 1 else math.sqrt(2))
+            gain = 0.01 if k == len(self.shapes) - 1 else math.sqrt(2)
+            w = torch.nn.init.orthogonal_(torch.empty(o, i), gain)
             chunks += [w.reshape(-1), torch.zeros(o)]
-        return torch.cat(chunks + ([torch.zeros(self.n_out)] if self.continuous else []))
+        if self.continuous:
+            chunks.append(torch.zeros(self.n_out))
+        return torch.cat(chunks)
 
     def forward(self, theta: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
         """theta [num_params], obs [N, obs_dim] -> logits or Gaussian means [N, n_out]."""
-        h, offset = obs, 0
+        h = obs
+        offset = 0
         for k, (o, i) in enumerate(self.shapes):
-            h = torch.nn.functional.linear(h, theta[offset:offset + o * i].view(o, i), theta[offset + o * i:offset + o * i + o])
+            weight = theta[offset : offset + o * i].view(o, i)
+            bias = theta[offset + o * i : offset + o * i + o]
+            h = torch.nn.functional.linear(h, weight, bias)
             offset += o * i + o
-            h = torch.tanh(h) if k < len(self.shapes) - 1 else h
+            if k < len(self.shapes) - 1:
+                h = torch.tanh(h)
         return h
 
     def log_prob(self, theta: torch.Tensor, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         out = self.forward(theta, obs)
         if self.continuous:
-            return torch.distributions.Normal(out, theta[-self.n_out:].exp().expand_as(out)).log_prob(actions).sum(-1)
+            std = theta[-self.n_out :].exp().expand_as(out)
+            return torch.distributions.Normal(out, std).log_prob(actions).sum(-1)
         return torch.distributions.Categorical(logits=out).log_prob(actions)
 
     def sample(self, theta: torch.Tensor, obs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         out = self.forward(theta, obs)
         if self.continuous:
-            return out + theta[-self.n_out:].exp() * torch.randn(out.shape, generator=generator)
+            return out + theta[-self.n_out :].exp() * torch.randn(out.shape, generator=generator)
         return torch.multinomial(torch.softmax(out, -1), 1, generator=generator).squeeze(-1)
 
     def greedy(self, theta: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
@@ -228,7 +240,8 @@ class Policy:
 def trajectory_weights(rewards: torch.Tensor, valid: torch.Tensor, gamma: float) -> torch.Tensor:
     """Weights w_t [T, N] of N trajectories: the reward-to-go sum_{h >= t} gamma^(h - t) r_h, standardized over its
     own trajectory's steps (as the authors' code), 0 outside it (valid = 0): each depends on its trajectory alone."""
-    G, running = torch.zeros_like(rewards), torch.zeros_like(rewards[0])
+    G = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[0])
     for t in range(rewards.shape[0] - 1, -1, -1):
         running = rewards[t] * valid[t] + gamma * running * valid[t]
         G[t] = running
@@ -244,7 +257,8 @@ def policy_gradient(policy: Policy, theta: torch.Tensor, batch: dict, gamma: flo
     th = theta.detach().requires_grad_()
     m = batch["valid"].bool()
     w = trajectory_weights(batch["rewards"], batch["valid"], gamma)[m]
-    return torch.autograd.grad((policy.log_prob(th, batch["obs"][m], batch["actions"][m]) * w).sum() / m.sum(), th)[0]
+    objective = (policy.log_prob(th, batch["obs"][m], batch["actions"][m]) * w).sum() / m.sum()
+    return torch.autograd.grad(objective, th)[0]
 
 
 def semi_stochastic_gradient(policy: Policy, theta_0, theta_n, mu, batch: dict, gamma: float):
@@ -255,8 +269,10 @@ def semi_stochastic_gradient(policy: Policy, theta_0, theta_n, mu, batch: dict, 
     omega."""
     m = batch["valid"].bool()
     w = trajectory_weights(batch["rewards"], batch["valid"], gamma)
-    th_n, th_0 = theta_n.detach().requires_grad_(), theta_0.detach().requires_grad_()
-    lp_n, lp_0 = policy.log_prob(th_n, batch["obs"][m], batch["actions"][m]), policy.log_prob(th_0, batch["obs"][m], batch["actions"][m])
+    th_n = theta_n.detach().requires_grad_()
+    th_0 = theta_0.detach().requires_grad_()
+    lp_n = policy.log_prob(th_n, batch["obs"][m], batch["actions"][m])
+    lp_0 = policy.log_prob(th_0, batch["obs"][m], batch["actions"][m])
     log_ratio = torch.zeros(m.shape)
     log_ratio[m] = (lp_0 - lp_n).detach()
     omega = log_ratio.sum(0).exp()
@@ -265,47 +281,54 @@ def semi_stochastic_gradient(policy: Policy, theta_0, theta_n, mu, batch: dict, 
     return g_n - g_0 + mu, omega
 
 
+def filter_pass(mu: torch.Tensor, distances: torch.Tensor, radius: float) -> torch.Tensor:
+    """One pass of FedPG-BR's filter with one radius: S = the gradients within `radius` of more than K/2 gradients
+    (itself included); mu_mom = the member of S closest to S's mean; the mask of the gradients within `radius` of
+    mu_mom (all False if S is empty)."""
+    K = mu.shape[0]
+    S = ((distances <= radius).sum(1) > K / 2).nonzero().squeeze(1)
+    if len(S) == 0:
+        return torch.zeros(K, dtype=torch.bool)
+    mu_mom = mu[S[(mu[S] - mu[S].mean(0)).norm(dim=1).argmin()]]
+    return (mu - mu_mom).norm(dim=1) <= radius
+
+
 def byzantine_filter(mu: torch.Tensor, B: int, sigma: float, delta: float, alpha: float):
-    """FedPG-BR's filter (Algorithm 1) on the K gradients mu [K, D]. R1: T_mu = 2 sigma sqrt(V / B), V = 2 log(2K /
-    delta); S = the gradients within T_mu of more than K/2 gradients (itself included); mu_mom = the member of S
-    closest to S's mean; G = the gradients within T_mu of mu_mom. R2: if |G| < (1 - alpha) K, the same with radius
-    2 sigma. Returns G's mask (all False if S is empty) and whether R2 was used."""
-    K, mu = mu.shape[0], mu.double()
+    """FedPG-BR's filter (Algorithm 1) on the K gradients mu [K, D]. R1: the pass with radius T_mu = 2 sigma
+    sqrt(V / B), V = 2 log(2K / delta); R2: if it keeps fewer than (1 - alpha) K, the pass with radius 2 sigma.
+    Returns the kept gradients' mask (G) and whether R2 was used."""
+    K = mu.shape[0]
+    mu = mu.double()
     T_mu = 2 * sigma * math.sqrt(2 * math.log(2 * K / delta) / B)
-    dist_ = (mu[:, None, :] - mu[None, :, :]).norm(dim=-1)
-
-    def keep(radius: float) -> torch.Tensor:
-        S = ((dist_ <= radius).sum(1) > K / 2).nonzero().squeeze(1)
-        if len(S) == 0:
-            return torch.zeros(K, dtype=torch.bool)
-        mu_mom = mu[S[(mu[S] - mu[S].mean(0)).norm(dim=1).argmin()]]
-        return (mu - mu_mom).norm(dim=1) <= radius
-
-    good = keep(T_mu)
-    if good.sum() < (1 - alpha) * K:
-        return keep(2 * sigma), True
-    return good, False
+    distances = (mu[:, None, :] - mu[None, :, :]).norm(dim=-1)
+    G = filter_pass(mu, distances, T_mu)
+    if G.sum() < (1 - alpha) * K:
+        return filter_pass(mu, distances, 2 * sigma), True
+    return G, False
 
 
 def sample_N_t(rng: np.random.Generator, B: int, b: int) -> int:
     """N_t ~ Geom(B / (B + b)) as in SCSG: P(N_t = n) = (B / (B + b))^n b / (B + b) for n >= 0, mean B / b."""
-    return int(rng.geometric(b / (B + b))) - 1  # numpy's geometric counts trials, from 1
+    # numpy's geometric counts trials, from 1
+    return int(rng.geometric(b / (B + b))) - 1
 
 
 def coordinate_median(u: torch.Tensor) -> torch.Tensor:
     """Coordinate-wise median of the rows of u [K, D] (the mean of the two middle values when K is even)."""
-    s, K = u.sort(0).values, u.shape[0]
+    s = u.sort(0).values
+    K = u.shape[0]
     return s[K // 2] if K % 2 else (s[K // 2 - 1] + s[K // 2]) / 2
 
 
 def trimmed_mean(u: torch.Tensor, fraction: float) -> torch.Tensor:
     """Coordinate-wise trimmed mean: drop the floor(fraction K) largest and smallest values of every coordinate."""
     k = math.floor(fraction * u.shape[0] + 1e-9)
-    return u.sort(0).values[k:u.shape[0] - k].mean(0)
+    return u.sort(0).values[k : u.shape[0] - k].mean(0)
 
 
 def clip_norm(v: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """v rescaled to norm max_norm if it is longer (max_norm 0: unchanged)."""
+    """v rescaled to norm max_norm if it is longer (max_norm 0: unchanged): a new vector, exactly at max_norm (torch's
+    clip_grad_norm_ works on .grad in place and divides by norm + 1e-6; theta here is a plain vector)."""
     n = float(v.norm())
     return v * (max_norm / n) if max_norm and n > max_norm else v
 
@@ -317,12 +340,27 @@ def corrupt(u: torch.Tensor, attack: str, generator: torch.Generator, sizes: lis
     if attack == "sign-flip":
         return -2.5 * u
     if attack == "random-noise":
-        return torch.cat([c + (torch.rand(c.shape, generator=generator) * 2 - 1) * 3 * (c.max() - c.min())
-                          for c in u.split(sizes)])
+        noisy = []
+        for c in u.split(sizes):
+            noisy.append(c + (torch.rand(c.shape, generator=generator) * 2 - 1) * 3 * (c.max() - c.min()))
+        return torch.cat(noisy)
     return u
 
 
 # ----------------------------------------------------------------------------------------------- roles
+# What crosses the wire each round: theta down to every client; up from every client one row, its update and META
+# numbers (client id, env steps, number and sum of its episodes' returns, for the logs). Never observations,
+# actions or per-step rewards.
+META = 4
+
+
+def learning_rate(args: Args, progress: dict) -> float:
+    """eta_t: decays linearly to zero over total_timesteps (a round ends past its share), or constant."""
+    if args.anneal_lr:
+        return args.learning_rate * (1 - progress["global_step"] / args.total_timesteps)
+    return args.learning_rate
+
+
 def sample_trajectories(policy: Policy, theta, envs, num: int, max_steps: int, generator=None, mode="sample"):
     """One trajectory from a fresh reset in each of the `num` envs, stepped together (one batched forward pass per
     step) until every first episode has ended; later steps (envpool's reset step, the next episode) are masked out
@@ -330,77 +368,112 @@ def sample_trajectories(policy: Policy, theta, envs, num: int, max_steps: int, g
     rewards, valid along time [T, num, ...]."""
     obs, _ = envs.reset()
     alive = np.ones(num, dtype=bool)
-    buf = {"obs": [], "actions": [], "rewards": [], "valid": []}
+    trajectories = {"obs": [], "actions": [], "rewards": [], "valid": []}
     for _ in range(max_steps):
-        o = torch.as_tensor(obs, dtype=torch.float32)
+        obs = torch.as_tensor(obs, dtype=torch.float32)
         with torch.no_grad():
             if mode == "random" and policy.continuous:
-                a = policy.low + (policy.high - policy.low) * torch.rand((num, policy.n_out), generator=generator)
+                uniform = torch.rand((num, policy.n_out), generator=generator)
+                actions = policy.low + (policy.high - policy.low) * uniform
             elif mode == "random":
-                a = torch.randint(policy.n_out, (num,), generator=generator)
+                actions = torch.randint(policy.n_out, (num,), generator=generator)
+            elif mode == "sample":
+                actions = policy.sample(theta, obs, generator)
             else:
-                a = policy.sample(theta, o, generator) if mode == "sample" else policy.greedy(theta, o)
-        act = torch.maximum(torch.minimum(a, policy.high), policy.low).numpy() if policy.continuous else a.numpy()
-        obs, r, term, trunc, _ = envs.step(act)
-        for key, value in zip(buf, (o, a, torch.as_tensor(r, dtype=torch.float32), torch.as_tensor(alive, dtype=torch.float32))):
-            buf[key].append(value)
-        alive &= ~(term | trunc)
+                actions = policy.greedy(theta, obs)
+        if policy.continuous:
+            env_actions = torch.maximum(torch.minimum(actions, policy.high), policy.low).numpy()
+        else:
+            env_actions = actions.numpy()
+        next_obs, reward, terminated, truncated, _ = envs.step(env_actions)
+        trajectories["obs"].append(obs)
+        trajectories["actions"].append(actions)
+        trajectories["rewards"].append(torch.as_tensor(reward, dtype=torch.float32))
+        trajectories["valid"].append(torch.as_tensor(alive, dtype=torch.float32))
+        obs = next_obs
+        alive &= ~(terminated | truncated)
         if not alive.any():
             break
-    return {key: torch.stack(value) for key, value in buf.items()}
+    return {key: torch.stack(values) for key, values in trajectories.items()}
 
 
-def client_update(args: Args, policy: Policy, theta, eta: float, round_: int, client: int, byzantine: bool,
-                  max_steps: int):
+def client_update(
+    args: Args, policy: Policy, theta, eta: float, round_: int, client: int, byzantine: bool, max_steps: int
+):
     """One client's round: E local gradient-ascent steps from the global theta on its own trajectories, or (fedpg-br)
     its gradient at theta; corrupted if the client is Byzantine. Returns the update u (theta_k - theta, or fedpg-br's
     mu_k), its env steps and its trajectories' returns."""
-    generator = torch.Generator().manual_seed(int(np.random.SeedSequence([args.seed, round_, client]).generate_state(1)[0]))
-    theta_k, steps, returns = theta.clone(), 0, []
-    for e in range(args.local_updates):
-        envs = make_env(args.env_id, args.B, client_env_seed(args, round_, e, client), args.env_threads,
-                        pole_scale(args, client))
-        batch = sample_trajectories(policy, theta_k, envs, args.B, max_steps, generator,
-                                    "random" if byzantine and args.attack == "random-action" else "sample")
+    seed = np.random.SeedSequence([args.seed, round_, client]).generate_state(1)[0]
+    generator = torch.Generator().manual_seed(int(seed))
+    mode = "random" if byzantine and args.attack == "random-action" else "sample"
+    theta_k = theta.clone()
+    steps = 0
+    returns = []
+    for local_update in range(args.local_updates):
+        env_seed = client_env_seed(args, round_, local_update, client)
+        envs = make_env(args.env_id, args.B, env_seed, args.env_threads, pole_scale(args, client))
+        batch = sample_trajectories(policy, theta_k, envs, args.B, max_steps, generator, mode)
         envs.close()
-        steps, returns = steps + int(batch["valid"].sum()), returns + (batch["rewards"] * batch["valid"]).sum(0).tolist()
+        steps += int(batch["valid"].sum())
+        returns += (batch["rewards"] * batch["valid"]).sum(0).tolist()
         g = policy_gradient(policy, theta_k, batch, args.gamma)
         if args.aggregator == "fedpg-br":
             u = g
         else:
             theta_k = theta_k + eta * clip_norm(g, args.max_grad_norm)
             u = theta_k - theta
-    return (corrupt(u, args.attack, generator, policy.sizes) if byzantine else u), steps, returns
+    if byzantine:
+        u = corrupt(u, args.attack, generator, policy.sizes)
+    return u, steps, returns
 
 
-def server_update(args: Args, policy: Policy, theta, eta: float, u: torch.Tensor, n: torch.Tensor, round_: int,
-                  server_trajectories: int, max_steps: int):
+def server_update(
+    args: Args,
+    policy: Policy,
+    theta,
+    eta: float,
+    u: torch.Tensor,
+    n: torch.Tensor,
+    round_: int,
+    server_trajectories: int,
+    max_steps: int,
+):
     """The K updates u [K, D] -> the next theta, and statistics. fedpg-br: the filter, mu_t = mean of the kept
     gradients, then N_t steps theta_{n+1} = theta_n + eta v_n, v_0 = mu_t (at theta_0 the mini-batch terms cancel,
     so none is sampled for it), v_n from b trajectories the server samples with theta_n."""
-    info = {"kept": torch.ones(u.shape[0], dtype=torch.bool), "N_t": 0, "omega_max": 1.0, "r2": False,
-            "server_trajectories": 0, "server_steps": 0}
+    info = {
+        "kept": torch.ones(u.shape[0], dtype=torch.bool),
+        "N_t": 0,
+        "omega_max": 1.0,
+        "r2": False,
+        "server_trajectories": 0,
+        "server_steps": 0,
+    }
     if args.aggregator == "fedavg":
-        return theta + (n[:, None] * u).sum(0) / n.sum(), info  # n: each client's env steps (its samples)
+        # n: each client's env steps (its samples)
+        return theta + (n[:, None] * u).sum(0) / n.sum(), info
     if args.aggregator == "median":
         return theta + coordinate_median(u), info
     if args.aggregator == "trimmed-mean":
         return theta + trimmed_mean(u, args.trim_fraction), info
     info["kept"], info["r2"] = byzantine_filter(u, args.B, args.sigma, args.delta, args.alpha)
-    if not info["kept"].any():  # nothing passed the filter: no step this round
+    # nothing passed the filter: no step this round
+    if not info["kept"].any():
         return theta, info
     mu = u[info["kept"]].mean(0)
     rng = np.random.default_rng([args.seed, round_, 1])
     N_t = sample_N_t(rng, args.B, args.b)
     generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
-    theta_0, theta_n = theta, theta + eta * clip_norm(mu, args.max_grad_norm) if N_t > 0 else theta
+    theta_0 = theta
+    theta_n = theta + eta * clip_norm(mu, args.max_grad_norm) if N_t > 0 else theta
     for _ in range(1, N_t):
-        envs = make_env(args.env_id, args.b, args.seed + 10**9 + server_trajectories + info["server_trajectories"],
-                        args.env_threads)
+        seed = args.seed + 10**9 + server_trajectories + info["server_trajectories"]
+        envs = make_env(args.env_id, args.b, seed, args.env_threads)
         batch = sample_trajectories(policy, theta_n, envs, args.b, max_steps, generator)
         envs.close()
         v, omega = semi_stochastic_gradient(policy, theta_0, theta_n, mu, batch, args.gamma)
-        if not torch.isfinite(v).all():  # an importance weight overflowed float32: end the inner loop here
+        # an importance weight overflowed float32: end the inner loop here
+        if not torch.isfinite(v).all():
             break
         theta_n = theta_n + eta * clip_norm(v, args.max_grad_norm)
         info["omega_max"] = max(info["omega_max"], float(omega.max()))
@@ -410,261 +483,506 @@ def server_update(args: Args, policy: Policy, theta, eta: float, u: torch.Tensor
     return theta_n, info
 
 
+def share_round(args: Args, theta: torch.Tensor, progress: dict, stop: dict) -> tuple:
+    """The start of a round, one collective: theta, eta_t and whether the run is over from rank 0, and every
+    process's stop signal. Returns theta, eta_t, and whether to stop (end of run, or a signal somewhere)."""
+    dim = theta.numel()
+    head = torch.zeros(dim + 3, dtype=torch.float64)
+    if args.rank == 0:
+        head[:dim] = theta
+        head[dim] = float(progress["global_step"] >= args.total_timesteps)
+        head[dim + 2] = learning_rate(args, progress)
+    head[dim + 1] = float(stop["signal"] != 0)
+    if args.world_size > 1:
+        dist.all_reduce(head)
+    return head[:dim].float(), float(head[dim + 2]), bool(head[dim] > 0), bool(head[dim + 1] > 0)
+
+
+def collect_updates(args: Args, policy: Policy, theta, eta: float, round_: int, byzantine: list, max_steps: int):
+    """The round of the clients this process hosts (a contiguous block, padded to one length on every process),
+    gathered at rank 0. Each client sends one row: its client id, env steps, number and sum of its episodes'
+    returns (the META numbers, for the logs), then its update. Rank 0 returns the K rows in client order; the
+    others return None."""
+    per_rank = math.ceil(args.num_clients / args.world_size)
+    first = min(args.rank * per_rank, args.num_clients)
+    last = min((args.rank + 1) * per_rank, args.num_clients)
+    rows = torch.zeros(per_rank, META + policy.num_params)
+    # padding rows
+    rows[:, 0] = -1
+    for row, client in enumerate(range(first, last)):
+        u, steps, returns = client_update(args, policy, theta, eta, round_, client, client in byzantine, max_steps)
+        rows[row, :META] = torch.tensor([client, steps, len(returns), sum(returns)])
+        rows[row, META:] = u
+    if args.world_size > 1:
+        gathered = [torch.empty_like(rows) for _ in range(args.world_size)] if args.rank == 0 else None
+        dist.gather(rows, gathered, dst=0)
+        rows = torch.cat(gathered) if args.rank == 0 else None
+    if args.rank != 0:
+        return None
+    rows = rows[rows[:, 0] >= 0]
+    assert torch.equal(rows[:, 0], torch.arange(args.num_clients, dtype=torch.float32))
+    return rows
+
+
 def evaluate(policy: Policy, theta, env_id: str, episodes: int, seed: int, max_steps: int):
     """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short episodes)."""
-    batch = sample_trajectories(policy, theta, make_env(env_id, episodes, seed), episodes, max_steps, mode="greedy")
+    envs = make_env(env_id, episodes, seed)
+    batch = sample_trajectories(policy, theta, envs, episodes, max_steps, mode="greedy")
     return (batch["rewards"] * batch["valid"]).sum(0).numpy()
 
 
-STOP = {"signal": 0}  # the last SIGTERM/SIGUSR1 (SLURM preemption) this process received
+def evaluate_round(args: Args, policy: Policy, theta, writer, progress: dict, threshold, max_steps: int) -> None:
+    """--eval-every: theta's greedy return (the papers' curves), logged against trajectories per client; the first
+    round it reaches the threshold is kept."""
+    trajectories = progress["update"] * args.B * args.local_updates
+    eval_returns = evaluate(policy, theta, args.env_id, args.eval_episodes, args.seed + 10**6, max_steps)
+    eval_return = float(eval_returns.mean())
+    writer.add_scalar("eval/round_return", eval_return, trajectories)
+    reached = threshold is not None and eval_return >= threshold
+    if reached and progress["eval_threshold_trajectories"] is None:
+        progress["eval_threshold_trajectories"] = trajectories
 
 
-def catch_signals() -> None:
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, lambda signum, frame: STOP.update(signal=signum))
+# ----------------------------------------------------------------------------------------------- bookkeeping
+def process_start_time() -> float:
+    """When this process started (Linux /proc), so that startup_s also counts the imports."""
+    with open("/proc/self/stat") as stat:
+        start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as uptime:
+        uptime_s = float(uptime.read().split()[0])
+    return time.time() - uptime_s + start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def new_progress(config: str) -> dict:
+    """Everything a resumed run continues from; every time in it is a whole-run figure (docs/conventions.md §1a).
+    `update` counts rounds. Clients send no single episode returns, so `recent_returns` holds each round's honest
+    episodes as [count, return sum]. Federated PG adds the server's trajectories so far (they seed its envs), when
+    the thresholds were reached in trajectories per client, the summed fractions of Byzantine and honest clients the
+    filter kept, and `config`, what must not change across a resume."""
+    return {
+        "update": 0,
+        "global_step": 0,
+        "startup_s": 0.0,
+        "train_time_s": 0.0,
+        "wall_time_s": 0.0,
+        "time_to_threshold_s": None,
+        "threshold_step": None,
+        "recent_returns": deque(maxlen=20),
+        "server_trajectories": 0,
+        "threshold_trajectories": None,
+        "eval_threshold_trajectories": None,
+        "kept_byzantine": 0.0,
+        "kept_honest": 0.0,
+        "config": config,
+    }
+
+
+def start_clock(progress: dict) -> float:
+    """Training starts now: add this segment's start-up (process start to now) to the whole-run times."""
+    now = time.time()
+    startup = now - process_start_time()
+    progress["startup_s"] += startup
+    progress["wall_time_s"] += startup
+    return now
+
+
+def advance_clock(progress: dict, since: float, training: bool = True) -> float:
+    """Add the time since `since` to the whole-run wall time (and training time); returns now."""
+    now = time.time()
+    progress["wall_time_s"] += now - since
+    if training:
+        progress["train_time_s"] += now - since
+    return now
+
+
+def recent_mean(progress: dict) -> tuple:
+    """Mean return and count of the episodes of the fewest latest rounds that hold at least 20 of them (all kept
+    rounds if fewer)."""
+    count = 0
+    total = 0.0
+    for episodes, return_sum in reversed(progress["recent_returns"]):
+        count += episodes
+        total += return_sum
+        if count >= 20:
+            break
+    return (total / count if count else float("nan")), count
+
+
+def record_returns(progress: dict, round_episodes: list, threshold, trajectories: int) -> None:
+    """A round's honest episodes as [count, return sum] (clients send no single returns); the first time the mean
+    of the last 20 or more (whole rounds) reaches the threshold is kept, also as `trajectories` per client."""
+    progress["recent_returns"].append(round_episodes)
+    mean, count = recent_mean(progress)
+    reached = threshold is not None and count >= 20 and mean >= threshold
+    if reached and progress["time_to_threshold_s"] is None:
+        progress["time_to_threshold_s"] = progress["train_time_s"]
+        progress["threshold_step"] = progress["global_step"]
+        progress["threshold_trajectories"] = trajectories
+
+
+def record_filter(progress: dict, stats: dict, kept: torch.Tensor, honest: torch.Tensor) -> None:
+    """The fractions of honest and Byzantine clients whose updates the server kept this round (FedPG-BR's filter;
+    the other aggregators keep all), summed over the run for the summary's means."""
+    stats["kept_honest"] = float(kept[honest].float().mean())
+    stats["kept_byzantine"] = float(kept[~honest].float().mean())
+    progress["kept_honest"] += stats["kept_honest"]
+    if not honest.all():
+        progress["kept_byzantine"] += stats["kept_byzantine"]
+
+
+def log_update(writer, progress: dict, finished: list, scalars: dict) -> None:
+    """TensorBoard points of one iteration: its finished episodes, then the named scalars. Federated PG passes one
+    (return, length) per round, the honest clients' episode means (docs/conventions.md §6)."""
+    step = progress["global_step"]
+    for episode_return, episode_length in finished:
+        writer.add_scalar("charts/episodic_return", episode_return, step)
+        writer.add_scalar("charts/episodic_length", episode_length, step)
+    for key, value in scalars.items():
+        writer.add_scalar(key, value, step)
+
+
+def round_scalars(args: Args, progress: dict, rows: torch.Tensor, info: dict, eta: float, theta, stats: dict) -> dict:
+    """TensorBoard scalars of one round, after the honest clients' episode means."""
+    byzantine = {"stats/kept_byzantine": stats["kept_byzantine"]} if args.num_byzantine else {}
+    return {
+        "charts/SPS": progress["global_step"] / progress["train_time_s"],
+        "charts/learning_rate": eta,
+        "charts/trajectories_per_client": progress["update"] * args.B * args.local_updates,
+        "losses/theta_norm": float(theta.norm()),
+        "losses/update_norm_median": float(rows[:, META:].norm(dim=1).median()),
+        "stats/bytes_per_client_up": stats["bytes_up"],
+        "stats/bytes_per_client_down": stats["bytes_down"],
+        "stats/bytes_per_round": args.num_clients * (stats["bytes_up"] + stats["bytes_down"]),
+        "stats/client_time_s": stats["client_time_s"],
+        "stats/server_time_s": stats["server_time_s"],
+        "stats/round": progress["update"],
+        "stats/kept_honest": stats["kept_honest"],
+        **byzantine,
+        "stats/N_t": info["N_t"],
+        "stats/omega_max": info["omega_max"],
+        "stats/filter_r2": float(info["r2"]),
+        "stats/server_trajectories": progress["server_trajectories"],
+    }
+
+
+def print_progress(progress: dict, total_timesteps: int, last_print: float) -> float:
+    """A progress line at most every 2 s (and at the end); returns when one was last printed. The loop runs to
+    total_timesteps, so the line counts steps."""
+    now = time.time()
+    if now - last_print < 2.0 and progress["global_step"] < total_timesteps:
+        return last_print
+    mean, count = recent_mean(progress)
+    mean_return = f"{mean:.1f}" if count else "n/a"
+    sps = progress["global_step"] / max(progress["train_time_s"], 1e-9)
+    print(
+        f"round {progress['update']} global_step={progress['global_step']}/{total_timesteps} SPS={sps:.0f} "
+        f"return(last {count})={mean_return}",
+        flush=True,
+    )
+    return now
 
 
 def save_checkpoint(path: str, payload: dict) -> None:
-    """Atomic: write a temporary file beside the target, then rename over it."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    """Atomic: write a temporary file beside the target, then rename it over the target."""
+    payload = {**payload, "recent_returns": list(payload["recent_returns"])}
+    temporary = f"{path}.tmp{os.getpid()}"
+    torch.save(payload, temporary)
+    os.replace(temporary, path)
 
 
+def run_config(args: Args) -> str:
+    """What a resumed run must share with its checkpoint (trajectories and random draws follow from it)."""
+    return (
+        f"{args.env_id} {args.aggregator} K={args.num_clients} M={args.num_byzantine} {args.attack} B={args.B} "
+        f"b={args.b} E={args.local_updates} h={args.heterogeneity} seed={args.seed} hidden={args.hidden_sizes}"
+    )
+
+
+def restore(args: Args, theta: torch.Tensor, config: str, checkpoint_path: str) -> dict:
+    """A fresh progress dict, or with --resume and a checkpoint of this configuration, the checkpoint's, with theta
+    loaded in place. Rank 0 reads the checkpoint and sends it to the other ranks: nodes need no shared filesystem.
+    Trajectories and random draws follow from (seed, round), so nothing else is needed; there is no optimizer
+    state (plain gradient ascent)."""
+    progress = new_progress(config)
+    shared = [None]
+    if args.resume and args.rank == 0 and os.path.exists(checkpoint_path):
+        shared = [torch.load(checkpoint_path, weights_only=True)]
+    if args.world_size > 1:
+        dist.broadcast_object_list(shared, 0)
+    checkpoint = shared[0]
+    if checkpoint is None:
+        return progress
+    if checkpoint["config"] != config:
+        fail("resume", f"the checkpoint is of another run ({checkpoint['config']}), not {config}")
+    theta.copy_(checkpoint.pop("model"))
+    recent_returns = checkpoint.pop("recent_returns")
+    progress.update(checkpoint)
+    progress["recent_returns"].extend(recent_returns)
+    return progress
+
+
+def install_stop_handlers(stop: Optional[dict] = None) -> dict:
+    """SIGTERM and SIGUSR1 (SLURM preemption) ask for a checkpoint at the end of the current round. Installed
+    first thing in main(), and again by a forked worker on the dict it inherits, so that a signal during start-up
+    is kept, never fatal (exit 143)."""
+    stop = {"signal": 0} if stop is None else stop
+    for signal_number in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signal_number, lambda signum, frame: stop.update(signal=signum))
+    return stop
+
+
+def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
+    """TensorBoard (and wandb with --track); after a resume, points past the checkpoint's step are dropped."""
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=asdict(args),
+            name=args.run_name,
+            id=args.run_name,
+            resume="allow",
+        )
+    writer = SummaryWriter(run_dir, purge_step=progress["global_step"] if progress["update"] else None)
+    table = "\n".join(f"|{key}|{value}|" for key, value in asdict(args).items())
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+    return writer
+
+
+def write_summary(args, policy, theta, writer, progress: dict, clock: float, run_dir, stats: dict, max_steps: int):
+    """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with --save-model, theta."""
+    eval_returns = evaluate(policy, theta, args.env_id, args.eval_episodes, args.seed + 10**6, max_steps)
+    for episode, episode_return in enumerate(eval_returns):
+        writer.add_scalar("eval/episodic_return", episode_return, episode)
+    # the evaluation counts in wall time only
+    advance_clock(progress, clock, training=False)
+    rounds = max(progress["update"], 1)
+    byzantine = byzantine_clients(args.seed, args.num_clients, args.num_byzantine)
+    summary = {
+        "algo": "fedpg",
+        "aggregator": args.aggregator,
+        "env_id": args.env_id,
+        "seed": args.seed,
+        "world_size": args.world_size,
+        "num_clients": args.num_clients,
+        "num_byzantine": args.num_byzantine,
+        "attack": args.attack,
+        "byzantine_clients": byzantine,
+        "heterogeneity": args.heterogeneity,
+        "learning_rate": args.learning_rate,
+        "global_step": progress["global_step"],
+        "rounds": progress["update"],
+        "trajectories_per_client": progress["update"] * args.B * args.local_updates,
+        "server_trajectories": progress["server_trajectories"],
+        "wall_time_s": progress["wall_time_s"],
+        "startup_s": progress["startup_s"],
+        "train_time_s": progress["train_time_s"],
+        "sps": progress["global_step"] / progress["train_time_s"],
+        "eval_return_mean": float(np.mean(eval_returns)),
+        "eval_return_std": float(np.std(eval_returns)),
+        "train_return_last20": recent_mean(progress)[0] if progress["recent_returns"] else None,
+        "time_to_threshold_s": progress["time_to_threshold_s"],
+        "threshold_step": progress["threshold_step"],
+        "trajectories_per_client_to_threshold": progress["threshold_trajectories"],
+        "reward_threshold": envpool.make_spec(args.env_id).reward_threshold,
+        "trajectories_per_client_to_eval_threshold": progress["eval_threshold_trajectories"],
+        "num_params": theta.numel(),
+        "bytes_per_client_per_round": stats["bytes_up"] + stats["bytes_down"],
+        "kept_byzantine_mean": progress["kept_byzantine"] / rounds if byzantine else None,
+        "kept_honest_mean": progress["kept_honest"] / rounds,
+        "theta_sha256": hashlib.sha256(theta.numpy().tobytes()).hexdigest(),
+    }
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    if args.save_model:
+        torch.save({"theta": theta}, os.path.join(run_dir, "model.pt"))
+    print(
+        f"eval return {summary['eval_return_mean']:.1f} +- {summary['eval_return_std']:.1f}; "
+        f"time to threshold: {summary['time_to_threshold_s']}; summary in {run_dir}/summary.json",
+        flush=True,
+    )
+
+
+# ----------------------------------------------------------------------------------------------- distribution
 def available_cpus() -> int:
     """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not the machine's
-    core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE)."""
-    return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # Linux, as /proc
+    core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE). Linux, as /proc."""
+    return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def setup_distributed(args: Args) -> None:
     """torchrun (or spawn_workers) sets RANK/LOCAL_RANK/WORLD_SIZE: join the gloo group. Alone: world size 1."""
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    args.rank, args.local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    args.rank = int(os.environ.get("RANK", "0"))
+    args.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if args.world_size > 1:
         dist.init_process_group("gloo", init_method="env://")
 
 
-def worker_entry(index: int, args: Args, num_workers: int, parent: int) -> None:
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the parent, whatever kills it
-    catch_signals()  # from the start: a signal while main() sets up still ends in a checkpoint
-    if os.getppid() != parent:  # the parent died before the line above
+def seed_everything(args: Args) -> None:
+    """Threads and seeds (the same in every process: identical initial theta). One torch thread: the per-client
+    batches are tiny, and it keeps every client's floats independent of the process that hosts it."""
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+
+
+def finish_distributed(args: Args) -> None:
+    """Leave the process group together, at a barrier."""
+    if args.world_size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def worker_entry(index: int, args: Args, num_workers: int, parent: int, stop: dict) -> None:
+    # PR_SET_PDEATHSIG: die with the parent, whatever kills it
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    # from the start: a signal while main() sets up still ends in a checkpoint (and one the parent had is kept)
+    install_stop_handlers(stop)
+    # the parent died before the prctl above
+    if os.getppid() != parent:
         os._exit(1)
-    os.environ.update(RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(num_workers),
-                      LOCAL_WORLD_SIZE=str(num_workers))
+    os.environ.update(RANK=str(index), LOCAL_RANK=str(index))
+    os.environ.update(WORLD_SIZE=str(num_workers), LOCAL_WORLD_SIZE=str(num_workers))
     args.num_workers = 1
-    sys.exit(main(args) or None)  # None: a clean exit with code 0
+    # None: a clean exit with code 0
+    sys.exit(main(args, stop) or None)
 
 
-def spawn_workers(args: Args, num_workers: int) -> int:
-    """Without torchrun: fork the worker processes that host the clients; they form a gloo group on 127.0.0.1. If
-    one dies, the others are terminated and the job exits non-zero naming it. SIGTERM/SIGUSR1 are passed on."""
-    with socket.socket() as s:  # a free port for the group's rendezvous (torch's TCPStore), not a protocol
-        s.bind(("127.0.0.1", 0))
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
-    procs = []  # a signal that comes before the workers exist is kept (STOP) and passed on once they do
+def forward_signal(stop: dict, workers: list, signum: int, frame=None) -> None:
+    """The parent's SIGTERM/SIGUSR1 handler: keep the signal and pass it on to the workers started so far."""
+    stop["signal"] = signum
+    for worker in workers:
+        if worker.is_alive():
+            os.kill(worker.pid, signum)
 
-    def forward(signum, frame=None):
-        STOP.update(signal=signum)
-        for p in procs:
-            if p.is_alive():
-                os.kill(p.pid, signum)
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, forward)
-    ctx = mp.start_processes(worker_entry, args=(args, num_workers, os.getpid()), nprocs=num_workers, join=False,
-                             start_method="fork")
-    procs.extend(ctx.processes)
-    if STOP["signal"]:
-        forward(STOP["signal"])
+
+def spawn_workers(args: Args, stop: dict) -> int:
+    """Without torchrun: fork the `--num-workers` processes that host the clients; they form a gloo group on
+    127.0.0.1. If one dies, the others are terminated and the job exits non-zero naming it. SIGTERM/SIGUSR1 are
+    passed on to the workers, also one that came before they existed (kept in `stop`)."""
+    # a free port for the group's rendezvous (torch's TCPStore), not a protocol
+    with socket.socket() as rendezvous:
+        rendezvous.bind(("127.0.0.1", 0))
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(rendezvous.getsockname()[1]))
+    workers = []
+    for signal_number in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signal_number, functools.partial(forward_signal, stop, workers))
+    context = mp.start_processes(
+        worker_entry,
+        args=(args, args.num_workers, os.getpid(), stop),
+        nprocs=args.num_workers,
+        join=False,
+        start_method="fork",
+    )
+    workers.extend(context.processes)
+    if stop["signal"]:
+        forward_signal(stop, workers, stop["signal"])
     try:
-        while not ctx.join(timeout=1.0):
+        while not context.join(timeout=1.0):
             pass
-    except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:  # it died, or raised (then e has its traceback)
-        print(f"{os.path.basename(sys.argv[0])}: error: worker {e.error_index} (pid {getattr(e, 'pid', '?')}): {e}; "
-              "the other workers were stopped", file=sys.stderr)
+    # it died, or raised (then the exception has its traceback)
+    except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:
+        print(
+            f"{os.path.basename(sys.argv[0])}: error: worker {e.error_index} (pid {getattr(e, 'pid', '?')}): {e}; "
+            "the other workers were stopped",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
 
-def main(args: Args) -> int:
-    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")  # envpool's spaces
-    catch_signals()  # SIGTERM/SIGUSR1 (SLURM preemption) on any rank: checkpoint after the current round, exit 0
+def main(args: Args, stop: Optional[dict] = None) -> int:
+    # first of all: a SIGTERM/SIGUSR1 during start-up ends in a checkpoint, not in exit 143
+    stop = install_stop_handlers(stop)
+    # envpool's spaces warn about it
+    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
     validate(args)
-    num_workers = args.num_workers or min(args.num_clients, available_cpus())
-    if "WORLD_SIZE" not in os.environ and num_workers > 1:
-        return spawn_workers(args, num_workers)
+    if "WORLD_SIZE" not in os.environ:
+        args.num_workers = args.num_workers or min(args.num_clients, available_cpus())
+    if args.num_workers > 1:
+        return spawn_workers(args, stop)
     setup_distributed(args)
     args.learning_rate = args.learning_rate or (2.0 if args.aggregator == "fedpg-br" else 8.0)
-    rank, world, K = args.rank, args.world_size, args.num_clients
     args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
     run_dir = os.path.join("runs", args.run_name)
-    ckpt_path = os.path.join(run_dir, "checkpoint.pt")
-    torch.set_num_threads(1)  # tiny per-client batches; one thread keeps every client's floats host-independent
-
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+    seed_everything(args)
     spec = envpool.make_spec(args.env_id)
-    threshold, max_steps = spec.reward_threshold, spec.config.max_episode_steps
+    threshold = spec.reward_threshold
+    max_steps = spec.config.max_episode_steps
     policy = Policy(spec.observation_space.shape[0], spec.action_space, args.hidden_sizes)
-    D = policy.num_params
-    torch.manual_seed(args.seed)
     theta = policy.init_params()
-    byzantine = byzantine_clients(args.seed, K, args.num_byzantine)
-    honest = torch.tensor([k not in byzantine for k in range(K)])
-    per_rank = math.ceil(K / world)  # this process hosts a contiguous block of clients; blocks padded to one length
-    mine = range(min(rank * per_rank, K), min((rank + 1) * per_rank, K))
-    # The run's counters, all a resumed run needs besides theta (trajectories and random draws follow from (seed,
-    # round)): kept_* sum the fractions of Byzantine and honest clients kept, recent holds [episodes, return sum] of
-    # the last rounds' honest episodes, config what must not change across a resume.
-    config = f"{args.env_id} {args.aggregator} K={K} M={args.num_byzantine} {args.attack} B={args.B} b={args.b} " \
-             f"E={args.local_updates} h={args.heterogeneity} seed={args.seed} hidden={args.hidden_sizes}"
-    state = dict(round=0, global_step=0, server_trajectories=0, wall_time_s=0.0, time_to_threshold_s=None,
-                 threshold_step=None, threshold_trajectories=None, eval_threshold_trajectories=None, kept_byzantine=0.0,
-                 kept_honest=0.0, recent=[], config=config, train_time_s=0.0)
-    # Rank 0 reads the checkpoint and sends it to the other ranks: nodes need no shared filesystem.
-    box = [torch.load(ckpt_path, weights_only=True) if args.resume and rank == 0 and os.path.exists(ckpt_path) else None]
-    if world > 1:
-        dist.broadcast_object_list(box, 0)
-    if box[0] is not None:
-        if box[0]["config"] != config:
-            fail("resume", f"the checkpoint is of another run ({box[0]['config']}), not {config}")
-        theta = box[0].pop("theta")
-        state.update(box[0])
-
+    byzantine = byzantine_clients(args.seed, args.num_clients, args.num_byzantine)
+    honest = torch.tensor([client not in byzantine for client in range(args.num_clients)])
+    progress = restore(args, theta, run_config(args), checkpoint_path)
     writer = None
-    if rank == 0:
-        from torch.utils.tensorboard import SummaryWriter
-        if args.track:
-            import wandb
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=asdict(args), name=args.run_name, id=args.run_name, resume="allow")
-        writer = SummaryWriter(run_dir, purge_step=state["global_step"] if box[0] is not None else None)
-        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+    if args.rank == 0:
+        writer = open_writer(args, run_dir, progress)
         writer.add_text("byzantine_clients", str(byzantine))
-        print(f"{K} clients on {world} process(es); Byzantine clients ({args.attack}): {byzantine or 'none'}", flush=True)
-
-    def checkpoint():
-        save_checkpoint(ckpt_path, dict(state, theta=theta, wall_time_s=state["wall_time_s"] + time.time() - PROCESS_START,
-                                        train_time_s=state["train_time_s"] + time.time() - train_start))
-
-    def last20() -> tuple:  # mean return and count of the fewest latest whole rounds with at least 20 honest episodes
-        count, total = 0, 0.0
-        for n, r in reversed(state["recent"]):
-            count, total = count + n, total + r
-            if count >= 20:
-                break
-        return (total / count if count else float("nan")), count
-
-    # What crosses the wire each round: theta down to every client; up from every client one row, its update and
-    # META numbers (client id, env steps, number and sum of its episodes' returns, for the logs). Never
-    # observations, actions or per-step rewards.
-    META = 4
-    bytes_down, bytes_up = D * 4, (D + META) * 4
-    train_start, last_print, steps_at_start, sps = time.time(), 0.0, state["global_step"], 0.0
+        print(
+            f"{args.num_clients} clients on {args.world_size} process(es); Byzantine clients ({args.attack}): "
+            f"{byzantine or 'none'}",
+            flush=True,
+        )
+    stats = {"bytes_down": policy.num_params * 4, "bytes_up": (policy.num_params + META) * 4}
+    last_print = 0.0
+    clock = start_clock(progress)
     while True:
-        # One collective carries theta, eta_t and the stop decision from rank 0, and every rank's signal flag.
-        head = torch.zeros(D + 3, dtype=torch.float64)
-        if rank == 0:
-            done = state["global_step"] / args.total_timesteps
-            head[:D], head[D], head[D + 2] = theta, float(done >= 1), args.learning_rate * (1 - done if args.anneal_lr else 1)
-        head[D + 1] = float(STOP["signal"] != 0)
-        if world > 1:
-            dist.all_reduce(head)
-        theta, eta = head[:D].float(), float(head[D + 2])
-        if head[D] > 0 or head[D + 1] > 0:
+        # PUBLISH: theta and eta_t from the server to every client's process, with the decision to go on
+        theta, eta, run_over, stopping = share_round(args, theta, progress, stop)
+        if run_over or stopping:
             break
-        if rank == 0 and args.checkpoint_every and state["round"] % args.checkpoint_every == 0 and state["global_step"] > steps_at_start:
-            checkpoint()
-        t0, rows = time.time(), torch.zeros(per_rank, META + D)
-        rows[:, 0] = -1  # padding rows
-        for j, k in enumerate(mine):
-            u, steps, rets = client_update(args, policy, theta, eta, state["round"], k, k in byzantine, max_steps)
-            rows[j, :META], rows[j, META:] = torch.tensor([k, steps, len(rets), sum(rets)]), u
-        client_time = time.time() - t0
-        if world > 1:
-            gathered = [torch.empty_like(rows) for _ in range(world)] if rank == 0 else None
-            dist.gather(rows, gathered, dst=0)
-            rows = torch.cat(gathered) if rank == 0 else rows
-        state["round"] += 1
-        if rank != 0:
+        # COLLECT: the clients' updates (E local steps, or FedPG-BR's gradient), gathered at rank 0
+        collect_start = time.time()
+        rows = collect_updates(args, policy, theta, eta, progress["update"], byzantine, max_steps)
+        stats["client_time_s"] = time.time() - collect_start
+        progress["update"] += 1
+        if args.rank != 0:
             continue
-        rows = rows[rows[:, 0] >= 0]
-        assert torch.equal(rows[:, 0], torch.arange(K, dtype=torch.float32))
-        t1 = time.time()
-        theta, info = server_update(args, policy, theta, eta, rows[:, META:], rows[:, 1], state["round"] - 1,
-                                    state["server_trajectories"], max_steps)
-        server_time = time.time() - t1
-        state["global_step"] += int(rows[:, 1].sum()) + info["server_steps"]
-        trajectories = state["round"] * args.B * args.local_updates  # each client's, so far
-        state["server_trajectories"] += info["server_trajectories"]
-        kept_byzantine, kept_honest = float(info["kept"][~honest].float().mean()), float(info["kept"][honest].float().mean())
-        state["kept_byzantine"] += kept_byzantine if byzantine else 0.0
-        state["kept_honest"] += kept_honest
-        round_return = float(rows[honest, 3].sum() / rows[honest, 2].sum())  # honest clients' episodes
-        state["recent"] = state["recent"][-19:] + [[int(rows[honest, 2].sum()), float(rows[honest, 3].sum())]]
-        recent_mean, recent_count = last20()
-        if threshold is not None and state["time_to_threshold_s"] is None and recent_count >= 20 and recent_mean >= threshold:
-            state.update(time_to_threshold_s=state["wall_time_s"] + time.time() - PROCESS_START,
-                         threshold_step=state["global_step"], threshold_trajectories=trajectories)
-        if args.eval_every and state["round"] % args.eval_every == 0:
-            eval_return = float(evaluate(policy, theta, args.env_id, args.eval_episodes, args.seed + 10**6, max_steps).mean())
-            writer.add_scalar("eval/round_return", eval_return, trajectories)
-            if threshold is not None and state["eval_threshold_trajectories"] is None and eval_return >= threshold:
-                state["eval_threshold_trajectories"] = trajectories
-        now = time.time()
-        sps = state["global_step"] / (state["train_time_s"] + now - train_start)  # whole run
-        scalars = {"charts/episodic_return": round_return, "charts/SPS": sps, "charts/learning_rate": eta,
-                   "charts/trajectories_per_client": trajectories, "losses/theta_norm": float(theta.norm()),
-                   "losses/update_norm_median": float(rows[:, META:].norm(dim=1).median()),
-                   "stats/bytes_per_client_up": bytes_up, "stats/bytes_per_client_down": bytes_down,
-                   "stats/bytes_per_round": K * (bytes_up + bytes_down), "stats/client_time_s": client_time,
-                   "stats/server_time_s": server_time, "stats/round": state["round"], "stats/kept_honest": kept_honest,
-                   **({"stats/kept_byzantine": kept_byzantine} if byzantine else {}), "stats/N_t": info["N_t"],
-                   "stats/omega_max": info["omega_max"], "stats/filter_r2": float(info["r2"]),
-                   "stats/server_trajectories": state["server_trajectories"]}
-        for key, value in scalars.items():
-            writer.add_scalar(key, value, state["global_step"])
-        if now - last_print > 2.0:
-            last_print = now
-            print(f"round {state['round']} global_step={state['global_step']} SPS={sps:.0f} trajectories/client="
-                  f"{trajectories} return={round_return:.1f} kept={int(info['kept'].sum())}/{K}", flush=True)
-    if head[D + 1] > 0:  # SIGTERM/SIGUSR1 on some rank (SLURM preemption): save, then exit cleanly
-        if rank == 0:
-            checkpoint()
-            print(f"signal received: checkpoint of round {state['round']} written to {ckpt_path}; rerun with --resume")
-    elif rank == 0:
-        wall, rounds = state["train_time_s"] + time.time() - train_start, max(state["round"], 1)
-        eval_returns = evaluate(policy, theta, args.env_id, args.eval_episodes, args.seed + 10**6, max_steps)
-        for i, r in enumerate(eval_returns):
-            writer.add_scalar("eval/episodic_return", r, i)
-        summary = {"algo": "fedpg", "aggregator": args.aggregator, "env_id": args.env_id, "seed": args.seed,
-                   "world_size": world, "num_clients": K, "num_byzantine": args.num_byzantine, "attack": args.attack,
-                   "byzantine_clients": byzantine, "heterogeneity": args.heterogeneity, "learning_rate": args.learning_rate,
-                   "global_step": state["global_step"], "rounds": state["round"],
-                   "trajectories_per_client": state["round"] * args.B * args.local_updates, "server_trajectories": state["server_trajectories"],
-                   "wall_time_s": state["wall_time_s"] + time.time() - PROCESS_START, "sps": state["global_step"] / wall,
-                   "train_time_s": wall,
-                   "eval_return_mean": float(np.mean(eval_returns)), "eval_return_std": float(np.std(eval_returns)),
-                   "train_return_last20": last20()[0] if state["recent"] else None,
-                   "time_to_threshold_s": state["time_to_threshold_s"], "threshold_step": state["threshold_step"],
-                   "trajectories_per_client_to_threshold": state["threshold_trajectories"], "reward_threshold": threshold,
-                   "trajectories_per_client_to_eval_threshold": state["eval_threshold_trajectories"],
-                   "num_params": D, "bytes_per_client_per_round": bytes_up + bytes_down,
-                   "kept_byzantine_mean": state["kept_byzantine"] / rounds if byzantine else None,
-                   "kept_honest_mean": state["kept_honest"] / rounds,
-                   "theta_sha256": hashlib.sha256(theta.numpy().tobytes()).hexdigest()}
-        with open(os.path.join(run_dir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
-        if args.save_model:
-            save_checkpoint(os.path.join(run_dir, "model.pt"), {"theta": theta})
-        print(f"eval return {summary['eval_return_mean']:.1f} +- {summary['eval_return_std']:.1f}; time to threshold: "
-              f"{state['time_to_threshold_s']}; summary in {run_dir}/summary.json", flush=True)
+        # LEARN: the server aggregates the K updates (FedPG-BR: its filter, then its SCSG inner loop)
+        learn_start = time.time()
+        round_ = progress["update"] - 1
+        updates = rows[:, META:]
+        samples = rows[:, 1]
+        server_trajectories = progress["server_trajectories"]
+        theta, info = server_update(args, policy, theta, eta, updates, samples, round_, server_trajectories, max_steps)
+        stats["server_time_s"] = time.time() - learn_start
+        # BOOKKEEPING: counters, clocks, the honest clients' episodes, logs, checkpoints (rank 0)
+        progress["global_step"] += int(rows[:, 1].sum()) + info["server_steps"]
+        progress["server_trajectories"] += info["server_trajectories"]
+        record_filter(progress, stats, info["kept"], honest)
+        clock = advance_clock(progress, clock)
+        trajectories = progress["update"] * args.B * args.local_updates
+        episodes = rows[honest, 2].sum()
+        record_returns(progress, [int(episodes), float(rows[honest, 3].sum())], threshold, trajectories)
+        if args.eval_every and progress["update"] % args.eval_every == 0:
+            evaluate_round(args, policy, theta, writer, progress, threshold, max_steps)
+        round_means = [(float(rows[honest, 3].sum() / episodes), float(rows[honest, 1].sum() / episodes))]
+        log_update(writer, progress, round_means, round_scalars(args, progress, rows, info, eta, theta, stats))
+        last_print = print_progress(progress, args.total_timesteps, last_print)
+        if args.checkpoint_every and progress["update"] % args.checkpoint_every == 0:
+            save_checkpoint(checkpoint_path, {**progress, "model": theta})
+    clock = advance_clock(progress, clock)
+    if stopping:
+        # SIGTERM/SIGUSR1 on some process (SLURM preemption): save, then exit cleanly
+        if args.rank == 0:
+            save_checkpoint(checkpoint_path, {**progress, "model": theta})
+            print(
+                f"signal received: checkpoint of round {progress['update']} written to {checkpoint_path}; "
+                "rerun with --resume to continue",
+                flush=True,
+            )
+    elif args.rank == 0:
+        write_summary(args, policy, theta, writer, progress, clock, run_dir, stats, max_steps)
     if writer is not None:
         writer.close()
         if args.track:
             import wandb
+
             wandb.finish()
-    if world > 1:
-        dist.barrier()
-        dist.destroy_process_group()
+    finish_distributed(args)
     return 0
 
 

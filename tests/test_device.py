@@ -1,16 +1,22 @@
 """Device placement, checked on a CPU-only machine. The learner's functions run on PyTorch's "meta" device (shapes and
 dtypes, no data) under a dispatch mode that applies CUDA's placement rules: a tensor created on the CPU in the middle
 of work on the device fails here as it would on a GPU, instead of only on the first GPU run."""
+
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import load_algo
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from conftest import load_algo
-
-ddppo, impala, seed, apex, r2d2 = load_algo("ddppo"), load_algo("impala"), load_algo("seed"), load_algo("apex"), load_algo("r2d2")
+ddppo, impala, seed, apex, r2d2 = (
+    load_algo("ddppo"),
+    load_algo("impala"),
+    load_algo("seed"),
+    load_algo("apex"),
+    load_algo("r2d2"),
+)
 META, CPU = torch.device("meta"), torch.device("cpu")
 aten = torch.ops.aten
 # Explicit moves between devices (`.to`, `.cpu()`, `x[t] = cpu_tensor`, `torch.tensor(data)`) are allowed, as on CUDA.
@@ -20,6 +26,7 @@ TRANSFERS = {aten._to_copy.default, aten.copy_.default, aten.lift_fresh.default,
 class MetaGenerator(torch.Generator):
     """Stands for a generator on the device: code that allocates on `generator.device` allocates on meta. (There are
     no meta generators; meta kernels ignore the generator, whose state lives on the CPU.)"""
+
     device = META
 
 
@@ -76,11 +83,13 @@ def on_device(monkeypatch):
 
 def test_the_guard_catches_what_cuda_rejects(on_device):
     x = torch.ones(5, device=META)
-    for mistake in [lambda: torch.zeros(5).add_(x),  # CPU accumulator of device results
-                    lambda: x + torch.zeros(5),
-                    lambda: torch.randperm(5, generator=MetaGenerator()),  # device generator, CPU result
-                    lambda: x[torch.tensor([0, 1])],  # CPU index (stricter than CUDA)
-                    lambda: dist.all_reduce(torch.zeros(3))]:  # NCCL: GPU tensors only
+    for mistake in [
+        lambda: torch.zeros(5).add_(x),  # CPU accumulator of device results
+        lambda: x + torch.zeros(5),
+        lambda: torch.randperm(5, generator=MetaGenerator()),  # device generator, CPU result
+        lambda: x[torch.tensor([0, 1])],  # CPU index (stricter than CUDA)
+        lambda: dist.all_reduce(torch.zeros(3)),
+    ]:  # NCCL: GPU tensors only
         with pytest.raises(AssertionError):
             mistake()
     # allowed: CPU scalars, explicit transfers, generators drawing on the device, arrays from the environment
@@ -102,17 +111,25 @@ def ddppo_agent(continuous: bool, norm: bool = False):
 def test_ddppo_learner_on_device(on_device, continuous, norm, n, minibatches):
     agent, _ = ddppo_agent(continuous, norm)
     actions = torch.zeros(n, 2, device=META) if continuous else torch.zeros(n, dtype=torch.long, device=META)
-    batch = {"obs": torch.zeros(n, 4, device=META), "actions": actions, **{k: torch.zeros(n, device=META)
-             for k in ["logprobs", "values", "advantages", "returns"]}}
+    batch = {
+        "obs": torch.zeros(n, 4, device=META),
+        "actions": actions,
+        **{k: torch.zeros(n, device=META) for k in ["logprobs", "values", "advantages", "returns"]},
+    }
     args = ddppo.Args(num_minibatches=minibatches, update_epochs=2, clip_vloss=True)
-    params = ddppo.flatten_parameters(agent)
-    adam = ddppo.adam_init(params[0])
-    stats = ddppo.ppo_update(agent, params, adam, batch, args, 1e-3, MetaGenerator(), world_size=2)
-    assert stats.device == META and adam["m"].device == META
+    optimizer = ddppo.make_optimizer(args, ddppo.flatten_parameters(agent))
+    stats = ddppo.ppo_update(agent, optimizer, batch, args, MetaGenerator(), world_size=2)
+    adam_state = optimizer.state_dict()["state"][0]
+    assert stats.device == META and adam_state["exp_avg"].device == adam_state["exp_avg_sq"].device == META
     assert len(on_device.all_reduce_calls) == 1 + args.update_epochs * minibatches  # advantage stats + gradients
     T, N = 5, 3
-    adv, ret = ddppo.compute_gae(*[torch.zeros(T, N, device=META)] * 2, torch.zeros(N, device=META),
-                                 *[torch.zeros(T, N, device=META)] * 2, 0.99, 0.95)
+    adv, ret = ddppo.compute_gae(
+        *[torch.zeros(T, N, device=META)] * 2,
+        torch.zeros(N, device=META),
+        *[torch.zeros(T, N, device=META)] * 2,
+        0.99,
+        0.95,
+    )
     assert adv.device == ret.device == META
 
 
@@ -124,13 +141,20 @@ def test_ddppo_rollout_normalizers_and_evaluate_on_device(on_device, env_id, nor
     args = ddppo.Args(env_id=env_id, num_steps=T, local_num_envs=N)
     envs = ddppo.make_env(env_id, N, 0)
     obs, _ = envs.reset()
-    state = {"obs": torch.as_tensor(obs, device=META), "valid": torch.ones(N, device=META),
-             "prev_done": np.zeros(N, bool), "ep_return": np.zeros(N), "ep_length": np.zeros(N), "finished": [],
-             "ret_acc": torch.zeros(N, device=META)}
+    state = {
+        "obs": torch.as_tensor(obs, device=META),
+        "valid": torch.ones(N, device=META),
+        "prev_done": np.zeros(N, bool),
+        "ep_return": np.zeros(N),
+        "ep_length": np.zeros(N),
+        "finished": [],
+        "ret_acc": torch.zeros(N, device=META),
+    }
     buf = {k: torch.zeros(T, N, device=META) for k in ["logprobs", "values", "rewards", "terms", "dones", "valid"]}
     buf["obs"] = torch.zeros((T, N) + spec.observation_space.shape, device=META)
-    buf["actions"] = torch.zeros((T, N) + spec.action_space.shape, device=META,
-                                 dtype=torch.float32 if agent.continuous else torch.long)
+    buf["actions"] = torch.zeros(
+        (T, N) + spec.action_space.shape, device=META, dtype=torch.float32 if agent.continuous else torch.long
+    )
     assert ddppo.collect_rollout(agent, envs, state, buf, args, MetaGenerator(), None, 0, META) == T
     rewards, obs_stats = ddppo.update_normalizers(agent, buf, T, state, args, world_size=2)
     assert rewards.device == META and len(on_device.all_reduce_calls) == int(norm)
@@ -143,16 +167,19 @@ def test_ddppo_rollout_normalizers_and_evaluate_on_device(on_device, env_id, nor
 
 def test_ddppo_checkpoint_loads_onto_the_device(tmp_path):
     cpu_agent = ddppo.Agent((4,), ddppo.gym.spaces.Box(-1, 1, (2,)), True, True)  # a checkpoint of a CPU run
-    adam = ddppo.adam_init(ddppo.flatten_parameters(cpu_agent)[0])
-    ddppo.save_checkpoint(str(tmp_path / "c.pt"), {"model": cpu_agent.state_dict(), "adam": adam})
-    ckpt = torch.load(tmp_path / "c.pt", map_location="cpu", weights_only=True)  # as main loads it (rank 0)
+    cpu_optimizer = ddppo.make_optimizer(ddppo.Args(), ddppo.flatten_parameters(cpu_agent))
+    cpu_optimizer.step()  # Adam's state exists from the first step
+    checkpoint = {**ddppo.new_progress(), "model": cpu_agent.state_dict(), "optimizer": cpu_optimizer.state_dict()}
+    ddppo.save_checkpoint(str(tmp_path / "c.pt"), checkpoint)
     agent, _ = ddppo_agent(True, True)
-    with OnDevice():  # as main: parameters flattened on the device, the CPU checkpoint copied in, Adam moved
-        flat, grad = ddppo.flatten_parameters(agent)
-        agent.load_state_dict(ckpt["model"])
-        adam = {k: v.to(META) if torch.is_tensor(v) else v for k, v in ckpt["adam"].items()}
-        ddppo.adam_step(flat, grad, adam, 1e-3)
+    with OnDevice():  # as main: parameters flattened on the device, then restore() loads the CPU checkpoint
+        optimizer = ddppo.make_optimizer(ddppo.Args(), ddppo.flatten_parameters(agent))
+        args = ddppo.Args(resume=True)
+        ddppo.restore(args, agent, optimizer, META, str(tmp_path / "c.pt"))
+        optimizer.step()
     assert all(v.device == META for v in agent.state_dict().values())
+    adam_state = optimizer.state_dict()["state"][0]
+    assert adam_state["exp_avg"].device == adam_state["exp_avg_sq"].device == META
 
 
 # ------------------------------------------------------------------------------------------ IMPALA and SEED learners
@@ -161,35 +188,49 @@ def test_ddppo_checkpoint_loads_onto_the_device(tmp_path):
 def test_vtrace_learner_on_device(on_device, module, use_lstm):
     T, B, A = 5, 3, 2
     agent = module.Agent((4,), A, use_lstm=use_lstm, norm_reward=True).to(META)
-    batch = {"obs": torch.zeros(T + 1, B, 4, device=META), "actions": torch.zeros(T, B, dtype=torch.long, device=META),
-             "logits": torch.zeros(T, B, A, device=META), "state": agent.initial_state(B, META),
-             **{k: torch.zeros(T, B, device=META) for k in ["rewards", "terms", "dones", "valid"]}}
+    batch = {
+        "obs": torch.zeros(T + 1, B, 4, device=META),
+        "actions": torch.zeros(T, B, dtype=torch.long, device=META),
+        "logits": torch.zeros(T, B, A, device=META),
+        "state": agent.initial_state(B, META),
+        **{k: torch.zeros(T, B, device=META) for k in ["rewards", "terms", "dones", "valid"]},
+    }
     rms = agent.return_rms  # main's reward scaler: scale with the statistics so far, merge the batch's returns
     batch["rewards"] = module.scale_rewards(batch["rewards"], rms, 10.0)
-    rms.load(*module.rms_merge(rms.mean, rms.var, rms.count,
-                               module.rms_moments(torch.zeros(T, B, device=META), batch["valid"].reshape(-1), rms.mean)))
+    rms.load(
+        *module.rms_merge(
+            rms.mean,
+            rms.var,
+            rms.count,
+            module.rms_moments(torch.zeros(T, B, device=META), batch["valid"].reshape(-1), rms.mean),
+        )
+    )
     assert batch["rewards"].device == rms.var.device == META
-    loss, losses = module.impala_loss(agent, batch, module.Args())
-    loss.backward()
-    params = list(agent.parameters())
-    grad = module.clip_grad(torch.cat([p.grad.reshape(-1) for p in params]), 40.0)
-    state = module.optimizer_init(params)
-    module.rmsprop_step(params, grad, state, 1e-3)
-    module.adam_step(params, grad, state, 1e-3)
-    assert losses.device == grad.device == state["v"].device == META
+    flat = module.flatten_parameters(agent)
+    for optimizer in ("rmsprop", "adam"):  # main's learner step: loss, backward, clip, torch's optimizer on flat
+        args = module.Args(optimizer=optimizer)
+        torch_optimizer = module.make_optimizer(args, flat)
+        extra = (dict(signal=0),) if module is impala else (module.threading.Lock(), {}, 1)
+        losses = module.learner_step(args, agent, torch_optimizer, flat, dict(batch), torch.zeros(T, B), *extra)
+        losses = losses[0] if module is impala else losses
+        state = [value for value in torch_optimizer.state[flat].values() if value.dim() > 0]
+        assert losses.device == flat.grad.device == META and all(value.device == META for value in state)
     assert len(module.evaluate(agent, "CartPole-v1", 2, 0, META)) == 2
 
 
 # ------------------------------------------------------------------------------------------ Ape-X learner
-def replay_learner_step(module, q_net, loss, replay, idx, priorities) -> None:
-    """The rest of an Ape-X-family learner step (backward, clip, Adam, priority update), all on the device."""
-    loss.backward()
-    params = list(q_net.parameters())
-    grad = module.clip_grad(torch.cat([p.grad.reshape(-1) for p in params]), 10.0)
-    state = module.optimizer_init(params)
-    module.adam_step(params, grad, state, 1e-3)
-    replay.update_priorities(idx, priorities)
-    assert grad.device == state["v"].device == priorities.device == META
+def replay_learner_step(module, args, q_net, target_net, replay, *extra) -> None:
+    """main's learner step of an Ape-X-family file (sample, loss, backward, clip, torch's Adam on the flat parameter
+    vector, priority update, target copy), all on the device."""
+    flat = module.flatten_parameters(q_net)
+    optimizer = torch.optim.Adam([flat], lr=1e-3, eps=1e-5)
+    progress = module.new_progress()
+    stats = module.new_stats(progress)
+    module.learner_step(
+        args, q_net, target_net, optimizer, flat, replay, np.random.default_rng(0), progress, stats, *extra
+    )
+    assert flat.grad.device == optimizer.state[flat]["exp_avg_sq"].device == stats["losses"].device == META
+    assert progress["update"] == 1 and all(p.device == META for p in target_net.parameters())
 
 
 @pytest.mark.parametrize("obs_shape", [(4,), (4, 84, 84)])
@@ -197,17 +238,34 @@ def test_apex_learner_on_device(on_device, obs_shape):
     """The replay stays on the CPU; each sampled batch and its importance weights must arrive on the device, and
     the loss, optimizer and priority update must run from there."""
     dtype = torch.float32 if len(obs_shape) == 1 else torch.uint8
-    replay = apex.PrioritizedReplay(64, {"obs": torch.zeros(obs_shape, dtype=dtype), "next_obs": torch.zeros(obs_shape, dtype=dtype),
-                                         "actions": torch.zeros((), dtype=torch.long), "returns": torch.zeros(()),
-                                         "discounts": torch.zeros(())}, 0.6, 1e-6, META)
-    replay.add({"obs": torch.zeros((40,) + obs_shape, dtype=dtype), "next_obs": torch.zeros((40,) + obs_shape, dtype=dtype),
-                "actions": torch.zeros(40, dtype=torch.long), "returns": torch.zeros(40), "discounts": torch.zeros(40)},
-               torch.rand(40))
+    replay = apex.PrioritizedReplay(
+        64,
+        {
+            "obs": torch.zeros(obs_shape, dtype=dtype),
+            "next_obs": torch.zeros(obs_shape, dtype=dtype),
+            "actions": torch.zeros((), dtype=torch.long),
+            "returns": torch.zeros(()),
+            "discounts": torch.zeros(()),
+        },
+        0.6,
+        1e-6,
+        META,
+    )
+    replay.add(
+        {
+            "obs": torch.zeros((40,) + obs_shape, dtype=dtype),
+            "next_obs": torch.zeros((40,) + obs_shape, dtype=dtype),
+            "actions": torch.zeros(40, dtype=torch.long),
+            "returns": torch.zeros(40),
+            "discounts": torch.zeros(40),
+        },
+        torch.rand(40),
+    )
     q_net, target_net = apex.QNetwork(obs_shape, 6).to(META), apex.QNetwork(obs_shape, 6).to(META)
     idx, batch, weights = replay.sample(8, 0.5, np.random.default_rng(0))
     assert weights.device == META and all(v.device == META for v in batch.values())
-    loss, abs_td = apex.apex_loss(q_net, target_net, batch, weights)
-    replay_learner_step(apex, q_net, loss, replay, idx, abs_td)
+    args = apex.Args(batch_size=8, target_network_frequency=1)
+    replay_learner_step(apex, args, q_net, target_net, replay)
     if len(obs_shape) == 1:
         assert len(apex.evaluate(q_net, "CartPole-v1", 2, 0, META)) == 2
 
@@ -217,8 +275,16 @@ def test_apex_learner_on_device(on_device, obs_shape):
 def test_r2d2_learner_on_device(on_device, obs_shape):
     """The sequence replay stays on the CPU; each sampled batch (with its stored LSTM states) must arrive on the
     device, and the burn-in, unroll, loss, optimizer and priority update must run from there."""
-    args = r2d2.Args(num_envs=2, burn_in=2, sequence_length=4, sequence_overlap=2, mask_velocity=len(obs_shape) == 1,
-                     env_id="CartPole-v1" if len(obs_shape) == 1 else "Pong-v5")
+    args = r2d2.Args(
+        num_envs=2,
+        burn_in=2,
+        sequence_length=4,
+        sequence_overlap=2,
+        mask_velocity=len(obs_shape) == 1,
+        env_id="CartPole-v1" if len(obs_shape) == 1 else "Pong-v5",
+        batch_size=3,
+        target_network_frequency=1,
+    )
     buffers = r2d2.block_buffers(args, r2d2.envpool.make_spec(args.env_id), 1, shared=False)
     fields = {k: buffers[k][0, 0] for k in r2d2.SEQUENCE_KEYS}
     replay = r2d2.PrioritizedReplay(16, fields, 0.9, 1e-6, META)
@@ -227,7 +293,7 @@ def test_r2d2_learner_on_device(on_device, obs_shape):
     target_net = r2d2.QNetwork(obs_shape, 6, hidden=args.hidden_size).to(META)
     idx, batch, weights = replay.sample(3, 0.0, np.random.default_rng(0))
     assert weights.device == META and all(v.device == META for v in batch.values())
-    loss, priorities = r2d2.r2d2_loss(q_net, target_net, batch, weights, args.burn_in, args.eta)
-    replay_learner_step(r2d2, q_net, loss, replay, idx, priorities)
+    rescaling = r2d2.rescaling_eps(args, r2d2.envpool.make_spec(args.env_id))
+    replay_learner_step(r2d2, args, q_net, target_net, replay, rescaling)
     if len(obs_shape) == 1:
         assert len(r2d2.evaluate(q_net, "CartPole-v1", 2, 0, META, mask_velocity=True)) == 2

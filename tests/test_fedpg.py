@@ -1,13 +1,23 @@
 """Federated policy gradient: estimators, the Byzantine filter and the aggregators against slow references written
 from the papers, FedAvg against the centralized update, process-count invariance, and whole runs."""
+
 import math
 
 import numpy as np
 import pytest
 import torch
-
-from conftest import (SUMMARY_KEYS, assert_bad_argument, assert_same_result, assert_solves, bad_cases, check_ok,
-                      kill_one_worker, kill_parent, load_algo, sigterm_and_resume)
+from conftest import (
+    SUMMARY_KEYS,
+    assert_bad_argument,
+    assert_same_result,
+    assert_solves,
+    bad_cases,
+    check_ok,
+    kill_one_worker,
+    kill_parent,
+    load_algo,
+    sigterm_and_resume,
+)
 
 fp = load_algo("fedpg")
 ENV = "CartPole-v1"
@@ -56,7 +66,9 @@ def test_trajectory_weights_match_reference():
     w = fp.trajectory_weights(rewards * valid, valid, 0.9)
     for j in range(3):
         n = int(valid[:, j].sum())
-        np.testing.assert_allclose(w[:n, j].numpy(), weights_reference(rewards[:n, j].tolist(), 0.9), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            w[:n, j].numpy(), weights_reference(rewards[:n, j].tolist(), 0.9), rtol=1e-5, atol=1e-6
+        )
         assert (w[n:, j] == 0).all()
 
 
@@ -66,7 +78,7 @@ def test_trajectories_stop_at_the_first_episode_end_and_mask_the_rest():
     policy, theta = policy_and_theta()
     batch = batch_from_envs(policy, theta, 8, 3)
     v = batch["valid"]
-    assert ((v[1:] <= v[:-1]).all() and v[0].all())
+    assert (v[1:] <= v[:-1]).all() and v[0].all()
     assert torch.equal(batch["rewards"] * v, v)
     returns, lengths = (batch["rewards"] * v).sum(0), v.sum(0)
     assert (returns == lengths).all() and lengths.max() == v.shape[0] and 1 <= lengths.min()
@@ -96,8 +108,12 @@ def test_semi_stochastic_gradient_matches_reference():
     mu = torch.randn(policy.num_params)
     g_n, g_0, steps, omegas = 0, 0, 0, []
     for obs, act, rew in trajectories(batch):
-        ratio = math.prod(math.exp(grad_log_prob(policy, theta_0, obs[t], act[t])[1] -
-                                   grad_log_prob(policy, theta_n, obs[t], act[t])[1]) for t in range(len(rew)))
+        ratio = math.prod(
+            math.exp(
+                grad_log_prob(policy, theta_0, obs[t], act[t])[1] - grad_log_prob(policy, theta_n, obs[t], act[t])[1]
+            )
+            for t in range(len(rew))
+        )
         omegas.append(ratio)
         g_n, steps = g_n + g_sum(policy, theta_n, obs, act, rew), steps + len(rew)
         g_0 = g_0 + ratio * g_sum(policy, theta_0, obs, act, rew)
@@ -133,20 +149,20 @@ def test_N_t_follows_the_geometric_law_with_mean_B_over_b():
     gamma = 16 / 20
     assert draws.min() == 0 and abs(draws.mean() - 4) < 0.1
     for n in range(4):
-        assert abs((draws == n).mean() - gamma ** n * (1 - gamma)) < 0.01
+        assert abs((draws == n).mean() - gamma**n * (1 - gamma)) < 0.01
 
 
 def filter_reference(mus, B, sigma, delta, alpha):
     """Algorithm 1's filter, read literally, on a list of vectors: R1 with T_mu = 2 sigma sqrt(V / B), V = 2 log(2K /
     delta); R2 with radius 2 sigma when R1 keeps fewer than (1 - alpha) K."""
     K = len(mus)
-    d = lambda x, y: math.sqrt(sum((a - b) ** 2 for a, b in zip(x, y)))  # noqa: E731
+    d = lambda x, y: math.sqrt(sum((a - b) ** 2 for a, b in zip(x, y, strict=True)))  # noqa: E731
 
     def rule(radius):
         S = [m for m in mus if sum(d(m, o) <= radius for o in mus) > K / 2]
         if not S:
             return [False] * K
-        mean = [sum(c) / len(S) for c in zip(*S)]
+        mean = [sum(c) / len(S) for c in zip(*S, strict=True)]
         mom = min(S, key=lambda m: d(m, mean))
         return [d(m, mom) <= radius for m in mus]
 
@@ -197,7 +213,7 @@ def test_attacks():
     u[20:] *= 100  # a second parameter tensor on another scale: the noise follows each tensor's own range
     assert torch.equal(fp.corrupt(u, "sign-flip", g, [20, 10]), -2.5 * u)
     noise = fp.corrupt(u, "random-noise", g, [20, 10]) - u
-    for part, c in zip(noise.split([20, 10]), u.split([20, 10])):
+    for part, c in zip(noise.split([20, 10]), u.split([20, 10]), strict=True):
         span = float(c.max() - c.min())
         assert part.abs().max() <= 3 * span and part.abs().max() > span
     assert torch.equal(fp.corrupt(u, "random-action", g, [20, 10]), u)  # that attack acts on the sampling
@@ -240,8 +256,17 @@ def test_fedavg_with_one_local_step_equals_the_centralized_update_on_the_pooled_
         gen = torch.Generator().manual_seed(int(np.random.SeedSequence([args.seed, 0, k]).generate_state(1)[0]))
         envs = fp.make_env(ENV, args.B, fp.client_env_seed(args, 0, 0, k))
         batches.append(fp.sample_trajectories(policy, theta, envs, args.B, 500, gen))
-    new, _ = fp.server_update(args, policy, theta, eta, torch.stack([r[0] for r in rows]),
-                              torch.tensor([float(r[1]) for r in rows]), 0, 0, 500)
+    new, _ = fp.server_update(
+        args,
+        policy,
+        theta,
+        eta,
+        torch.stack([r[0] for r in rows]),
+        torch.tensor([float(r[1]) for r in rows]),
+        0,
+        0,
+        500,
+    )
     T = max(b["valid"].shape[0] for b in batches)
     pad = lambda x: torch.cat([x, x.new_zeros((T - x.shape[0], *x.shape[1:]))])  # noqa: E731
     pooled = {key: torch.cat([pad(b[key]) for b in batches], 1) for key in batches[0]}
@@ -257,7 +282,7 @@ def test_gaussian_policy_log_prob_and_sampling():
     obs = torch.randn(5, 3)
     a = policy.sample(theta, obs, torch.Generator().manual_seed(0))
     mean, std = policy.forward(theta, obs), theta[-1].exp()
-    ref = (-((a - mean) ** 2) / (2 * std ** 2) - std.log() - 0.5 * math.log(2 * math.pi)).sum(-1)
+    ref = (-((a - mean) ** 2) / (2 * std**2) - std.log() - 0.5 * math.log(2 * math.pi)).sum(-1)
     torch.testing.assert_close(policy.log_prob(theta, obs, a), ref)
     many = policy.sample(theta, obs[:1].expand(20000, 3), torch.Generator().manual_seed(1))
     assert abs(float(many.mean() - mean[0, 0])) < 0.03 and abs(float(many.std() - std)) < 0.03
@@ -270,7 +295,11 @@ def test_gaussian_policy_log_prob_and_sampling():
 
 # ------------------------------------------------------------------------------------------ whole runs
 def test_smoke_torchrun_two_clients(runner):
-    check_ok(runner.run("fedpg", "--num-clients", 2, "--total-timesteps", 3000, "--eval-episodes", 2, "--save-model", nproc=2))
+    check_ok(
+        runner.run(
+            "fedpg", "--num-clients", 2, "--total-timesteps", 3000, "--eval-episodes", 2, "--save-model", nproc=2
+        )
+    )
     s = runner.summary(ENV, "fedpg")
     assert SUMMARY_KEYS <= s.keys() and s["algo"] == "fedpg" and s["world_size"] == 2 and s["global_step"] >= 3000
     assert s["num_params"] == (4 * 16 + 16) + (16 * 16 + 16) + (16 * 2 + 2)  # the 16-16 MLP on CartPole
@@ -286,10 +315,15 @@ def test_fedpg_br_learns_cartpole_with_3_of_10_sign_flipping_clients(runner):
     assert_solves(runner, "fedpg", "--aggregator", "fedpg-br", "--num-byzantine", 3, "--attack", "sign-flip")
 
 
-@pytest.mark.parametrize("extra", [["--aggregator", "fedpg-br", "--num-byzantine", 3, "--attack", "random-noise"],
-                                   ["--aggregator", "median", "--heterogeneity", 0.5, "--local-updates", 2],
-                                   ["--aggregator", "trimmed-mean", "--num-byzantine", 2, "--attack", "random-action"]],
-                         ids=["fedpg-br", "median-heterogeneous", "trimmed-mean"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--aggregator", "fedpg-br", "--num-byzantine", 3, "--attack", "random-noise"],
+        ["--aggregator", "median", "--heterogeneity", 0.5, "--local-updates", 2],
+        ["--aggregator", "trimmed-mean", "--num-byzantine", 2, "--attack", "random-action"],
+    ],
+    ids=["fedpg-br", "median-heterogeneous", "trimmed-mean"],
+)
 def test_result_does_not_depend_on_the_process_count(runner, extra):
     """The same K clients hosted by 1, 3 and 2 (torchrun) processes give the same bits: clients' seeds and random
     draws follow the client index and round, never the process that hosts the client."""
@@ -304,10 +338,24 @@ def test_result_does_not_depend_on_the_process_count(runner, extra):
 
 
 def test_byzantine_clients_are_logged_and_filtered(runner):
-    check_ok(runner.run("fedpg", "--aggregator", "fedpg-br", "--num-byzantine", 3, "--attack", "random-noise",
-                        "--total-timesteps", 60_000, "--eval-every", 1))
+    check_ok(
+        runner.run(
+            "fedpg",
+            "--aggregator",
+            "fedpg-br",
+            "--num-byzantine",
+            3,
+            "--attack",
+            "random-noise",
+            "--total-timesteps",
+            60_000,
+            "--eval-every",
+            1,
+        )
+    )
     s = runner.summary(ENV, "fedpg")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     events = EventAccumulator(str(runner.run_dir(ENV, "fedpg")))
     events.Reload()
     evals = events.Scalars("eval/round_return")  # --eval-every 1: one greedy evaluation per round
@@ -320,18 +368,47 @@ def test_byzantine_clients_are_logged_and_filtered(runner):
 
 @pytest.mark.parametrize("env_id", ["Pendulum-v1", "Hopper-v4"])
 def test_continuous_actions_run(runner, env_id):
-    check_ok(runner.run("fedpg", "--env-id", env_id, "--num-clients", 2, "--aggregator", "fedpg-br",
-                        "--total-timesteps", 3000, "--eval-episodes", 1))
+    check_ok(
+        runner.run(
+            "fedpg",
+            "--env-id",
+            env_id,
+            "--num-clients",
+            2,
+            "--aggregator",
+            "fedpg-br",
+            "--total-timesteps",
+            3000,
+            "--eval-episodes",
+            1,
+        )
+    )
     assert runner.summary(env_id, "fedpg")["global_step"] >= 3000
 
 
 def test_sigterm_checkpoint_and_resume_equal_uninterrupted(runner):
     """With FedPG-BR and attackers, so that the filter's counts and the server's trajectories cross the checkpoint."""
-    sigterm_and_resume(runner, "fedpg", ENV, "--total-timesteps", 500_000, "--eval-episodes", 2, "--aggregator",
-                       "fedpg-br", "--num-byzantine", 3, "--attack", "sign-flip")
+    sigterm_and_resume(
+        runner,
+        "fedpg",
+        ENV,
+        "--total-timesteps",
+        500_000,
+        "--eval-episodes",
+        2,
+        "--aggregator",
+        "fedpg-br",
+        "--num-byzantine",
+        3,
+        "--attack",
+        "sign-flip",
+    )
     s = runner.summary(ENV, "cut")
     assert 0 < s["kept_byzantine_mean"] < 1 and s["server_trajectories"] > 0
-    assert torch.load(runner.run_dir(ENV, "cut") / "checkpoint.pt", weights_only=True)["round"] >= 1
+    saved = torch.load(runner.run_dir(ENV, "cut") / "checkpoint.pt", weights_only=True)
+    assert saved["update"] >= 1
+    for key in ["wall_time_s", "train_time_s", "startup_s"]:  # whole run: the interrupted segment's time included
+        assert s[key] > saved[key] > 0, key
 
 
 def test_resume_refuses_a_checkpoint_of_another_configuration(runner):
