@@ -693,6 +693,8 @@ def restore(args, model, optimizer, device, checkpoint_path: str) -> dict:
     if not (args.resume and os.path.exists(checkpoint_path)):
         return progress
     checkpoint = torch.load(checkpoint_path, map_location=device, weights_only=True)
+    if "update" not in checkpoint:
+        fail("resume", f"{checkpoint_path} has no 'update': written before the progress format; use another --exp-name")
     model.load_state_dict(checkpoint.pop("model"))
     optimizer.load_state_dict(checkpoint.pop("optimizer"))
     recent_returns = checkpoint.pop("recent_returns")

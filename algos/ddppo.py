@@ -695,6 +695,8 @@ def restore(args: Args, model, optimizer, device, checkpoint_path: str) -> dict:
             dist.broadcast(flat, 0)
     if checkpoint is None:
         return progress
+    if "update" not in checkpoint:
+        fail("resume", f"{checkpoint_path} has no 'update': written before the progress format; use another --exp-name")
     model.load_state_dict(checkpoint.pop("model"))
     optimizer.load_state_dict(checkpoint.pop("optimizer"))
     recent_returns = checkpoint.pop("recent_returns")

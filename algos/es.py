@@ -482,6 +482,8 @@ def restore(args: Args, theta: torch.Tensor, optimizer, obstat, checkpoint_path:
     checkpoint = shared[0]
     if checkpoint is None:
         return progress
+    if "update" not in checkpoint:
+        fail("resume", f"{checkpoint_path} has no 'update': written before the progress format; use another --exp-name")
     theta.copy_(checkpoint.pop("model"))
     optimizer.load_state_dict(checkpoint.pop("optimizer"))
     obstat.copy_(checkpoint.pop("obstat"))

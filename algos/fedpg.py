@@ -712,6 +712,8 @@ def restore(args: Args, theta: torch.Tensor, config: str, checkpoint_path: str) 
     checkpoint = shared[0]
     if checkpoint is None:
         return progress
+    if "update" not in checkpoint:
+        fail("resume", f"{checkpoint_path} has no 'update': written before the progress format; use another --exp-name")
     if checkpoint["config"] != config:
         fail("resume", f"the checkpoint is of another run ({checkpoint['config']}), not {config}")
     theta.copy_(checkpoint.pop("model"))

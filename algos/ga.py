@@ -471,6 +471,8 @@ def restore(args: Args, checkpoint_path: str) -> dict:
     checkpoint = shared[0]
     if checkpoint is None:
         return progress
+    if "update" not in checkpoint:
+        fail("resume", f"{checkpoint_path} has no 'update': written before the progress format; use another --exp-name")
     recent_returns = checkpoint.pop("recent_returns")
     progress.update(checkpoint)
     progress["recent_returns"].extend(recent_returns)

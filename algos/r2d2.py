@@ -1167,7 +1167,9 @@ def restore(args, model, optimizer, device, checkpoint_path: str, target_net) ->
     if not (args.resume and os.path.exists(checkpoint_path)):
         target_net.load_state_dict(model.state_dict())
         return progress
-    checkpoint = torch.load(checkpoint_path, map_location=device, weights_only=True)
+    checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
+    if "update" not in checkpoint:
+        fail("resume", f"{checkpoint_path} has no 'update': written before the progress format; use another --exp-name")
     model.load_state_dict(checkpoint.pop("model"))
     target_net.load_state_dict(checkpoint.pop("target"))
     optimizer.load_state_dict(checkpoint.pop("optimizer"))
