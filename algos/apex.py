@@ -1007,6 +1007,15 @@ def restore(args, model, optimizer, device, checkpoint_path: str, target_net) ->
     return progress
 
 
+def announce_stop(progress: dict, checkpoint_path: str) -> None:
+    """SIGTERM/SIGUSR1 (SLURM preemption) ended the loop after a checkpoint: say where it is."""
+    print(
+        f"signal received: checkpoint of update {progress['update']} written to {checkpoint_path}; "
+        "rerun with --resume to continue",
+        flush=True,
+    )
+
+
 def install_stop_handlers() -> dict:
     """SIGTERM and SIGUSR1 (SLURM preemption) ask for a checkpoint at the end of the current update."""
     stop = {"signal": 0}
@@ -1232,11 +1241,7 @@ def main(args: Args) -> int:
                 save_checkpoint(checkpoint_path, {**checkpoint, "target": target_net.state_dict()})
             if stop["signal"]:
                 # SIGTERM/SIGUSR1 (SLURM preemption): saved above, exit cleanly
-                print(
-                    f"signal received: checkpoint of update {progress['update']} written to {checkpoint_path}; "
-                    "rerun with --resume to continue",
-                    flush=True,
-                )
+                announce_stop(progress, checkpoint_path)
                 break
         else:
             # the loop ran to total_timesteps; the actors' CPU is the evaluation's now

@@ -923,6 +923,15 @@ def restore(args, model, optimizer, device, checkpoint_path: str) -> dict:
     return progress
 
 
+def announce_stop(progress: dict, checkpoint_path: str) -> None:
+    """SIGTERM/SIGUSR1 (SLURM preemption) ended the loop after a checkpoint: say where it is."""
+    print(
+        f"signal received: checkpoint of update {progress['update']} written to {checkpoint_path}; "
+        "rerun with --resume to continue",
+        flush=True,
+    )
+
+
 def install_stop_handlers() -> dict:
     """SIGTERM and SIGUSR1 (SLURM preemption) ask for a checkpoint at the end of the current update."""
     stop = {"signal": 0}
@@ -949,6 +958,14 @@ def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
     table = "\n".join(f"|{key}|{value}|" for key, value in asdict(args).items())
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
     return writer
+
+
+def close_writer(args: Args, writer: SummaryWriter) -> None:
+    writer.close()
+    if args.track:
+        import wandb
+
+        wandb.finish()
 
 
 def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float, device, run_dir: str, stats: dict):
@@ -1163,11 +1180,7 @@ def main(args: Args) -> int:
                 checkpoint = {**progress, "model": agent.state_dict(), "optimizer": optimizer.state_dict()}
                 save_checkpoint(checkpoint_path, checkpoint)
             if stopping:
-                print(
-                    f"signal received: checkpoint of update {progress['update']} written to {checkpoint_path}; "
-                    "rerun with --resume to continue",
-                    flush=True,
-                )
+                announce_stop(progress, checkpoint_path)
                 break
         else:
             clock = advance_clock(progress, clock)
@@ -1185,11 +1198,7 @@ def main(args: Args) -> int:
         for process in actors:
             process.join()
         inference.join(timeout=10)
-    writer.close()
-    if args.track:
-        import wandb
-
-        wandb.finish()
+    close_writer(args, writer)
     if not exit_code:
         stop_remote_actors(args, slots, pipes, bridges, control)
     finish_distributed(args, exit_code)
