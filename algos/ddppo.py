@@ -1,10 +1,10 @@
 # docs: docs/ddppo.md | paper: https://arxiv.org/abs/1911.00357
 """DD-PPO: Decentralized Distributed PPO (Wijmans et al., 2020).
 
-Every rank steps its own envpool batch, keeps its own copy of the policy and optimizer, and trains PPO on
-its own rollout; gradients are averaged with one all-reduce per minibatch, so all replicas stay identical
-and there is no parameter server. Ranks that fall behind are preempted once a fraction `sync_frac` of the
-ranks has finished its rollout, so stragglers do not hold the others up.
+Every rank steps its own envpool batch, keeps its own copy of the policy and optimizer, and trains
+PPO on its own rollout; gradients are averaged with one all-reduce per minibatch, so all replicas
+stay identical and there is no parameter server. Ranks that fall behind are preempted once a
+fraction `sync_frac` of the ranks has finished its rollout, so stragglers do not hold the others up.
 
   python algos/ddppo.py                                             # world size 1, CartPole-v1
   torchrun --standalone --nproc_per_node=2 algos/ddppo.py           # 2 ranks on one machine
@@ -125,7 +125,8 @@ def validate(args: Args) -> None:
 
 # ----------------------------------------------------------------------------------------------- environment
 def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, **kwargs):
-    """An envpool batch. Env i of the batch is seeded with seed + i. Atari gets DeepMind preprocessing."""
+    """An envpool batch. Env i of the batch is seeded with seed + i. Atari gets DeepMind
+    preprocessing."""
     options = {}
     # Atari: 84x84 grey frames, 4 stacked, frame skip 4 (envpool's defaults), plus these
     if len(envpool.make_spec(env_id).observation_space.shape) == 3:
@@ -143,7 +144,8 @@ def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, **kwar
 
 
 def env_seed(args: Args, rank: int, update: int) -> int:
-    """Seed of env 0 on `rank` from `update` on: distinct for every env of every rank and every restart point."""
+    """Seed of env 0 on `rank` from `update` on: distinct for every env of every rank and every
+    restart point."""
     return args.seed + (update * args.world_size + rank) * args.local_num_envs
 
 
@@ -165,7 +167,8 @@ def mlp(n_in: int, n_out: int, out_std: float) -> nn.Module:
 
 
 class RunningMeanStd(nn.Module):
-    """Mean, population variance and count (float64) of all data merged so far: buffers, so state_dict has them."""
+    """Mean, population variance and count (float64) of all data merged so far: buffers, so
+    state_dict has them."""
 
     def __init__(self, shape=()):
         super().__init__()
@@ -180,10 +183,10 @@ class RunningMeanStd(nn.Module):
 
 
 class Agent(nn.Module):
-    """Actor-critic: two 64-64 tanh MLPs for vector observations, a shared Nature-CNN for images;
-    a categorical head for Discrete actions, a diagonal Gaussian with state-independent log-std for Box.
-    With norm_obs, observations are normalized by `obs_rms` (frozen here; main merges each rollout into it);
-    `return_rms` holds the reward scaler's statistics. Neither exists when off."""
+    """Actor-critic: two 64-64 tanh MLPs for vector observations, a shared Nature-CNN for images; a
+    categorical head for Discrete actions, a diagonal Gaussian with state-independent log-std for
+    Box. With norm_obs, observations are normalized by `obs_rms` (frozen here; main merges each
+    rollout into it); `return_rms` holds the reward scaler's statistics. Neither exists when off."""
 
     def __init__(
         self, obs_shape, action_space, norm_obs: bool = False, norm_reward: bool = False, clip_obs: float = 10.0
@@ -229,8 +232,8 @@ class Agent(nn.Module):
         return self.critic(self.features(obs)).squeeze(-1)
 
     def get_action_and_value(self, obs, action=None, generator=None, greedy: bool = False):
-        """Log-prob and entropy of `action` under the current policy (or of an action sampled here, the mode when
-        greedy), and the value. Returns action, log-prob, entropy, value."""
+        """Log-prob and entropy of `action` under the current policy (or of an action sampled here,
+        the mode when greedy), and the value. Returns action, log-prob, entropy, value."""
         hidden = self.features(obs)
         out = self.actor(hidden)
         if self.continuous:
@@ -256,9 +259,10 @@ class Agent(nn.Module):
 def compute_gae(rewards, values, next_value, terminations, dones, gamma: float, gae_lambda: float):
     """Generalized advantage estimation (Schulman et al. 2016) over a [T, N] rollout.
 
-    values[t + 1] (next_value after the last step) bootstraps step t unless the episode *terminated* there;
-    the recursion is cut wherever an episode ended (terminated or truncated). With envpool's next-step
-    autoreset, the observation after a truncation is the final one, so a truncated step bootstraps from it.
+    values[t + 1] (next_value after the last step) bootstraps step t unless the episode *terminated*
+    there; the recursion is cut wherever an episode ended (terminated or truncated). With envpool's
+    next-step autoreset, the observation after a truncation is the final one, so a truncated step
+    bootstraps from it.
     """
     advantages = torch.zeros_like(rewards)
     last = torch.zeros_like(next_value)
@@ -271,8 +275,9 @@ def compute_gae(rewards, values, next_value, terminations, dones, gamma: float, 
 
 
 def discounted_returns(rewards, dones, acc, gamma: float):
-    """The reward scaler's return along each env, R_t = gamma R_{t-1} + r_t, reset to 0 after an episode ends;
-    acc carries R over from the previous rollout. Returns R [T, N] and the accumulator after the last step."""
+    """The reward scaler's return along each env, R_t = gamma R_{t-1} + r_t, reset to 0 after an
+    episode ends; acc carries R over from the previous rollout. Returns R [T, N] and the accumulator
+    after the last step."""
     out = torch.zeros_like(rewards)
     for t in range(rewards.shape[0]):
         acc = acc * gamma + rewards[t]
@@ -282,16 +287,18 @@ def discounted_returns(rewards, dones, acc, gamma: float):
 
 
 def rms_moments(x, weight, shift):
-    """[sum w, sum w (x - shift), sum w (x - shift)^2] (per feature, flat, float64) of the rows of x [B, ...] with
-    weights w [B]. Moments of disjoint batches add up, so one all-reduce gives those of the union over ranks."""
+    """[sum w, sum w (x - shift), sum w (x - shift)^2] (per feature, flat, float64) of the rows of x
+    [B, ...] with weights w [B]. Moments of disjoint batches add up, so one all-reduce gives those
+    of the union over ranks."""
     x = x.reshape(weight.shape[0], -1).double() - shift.reshape(1, -1)
     w = weight.double().unsqueeze(-1)
     return torch.cat([w.sum().reshape(1), (w * x).sum(0), (w * x * x).sum(0)])
 
 
 def rms_merge(mean, var, count, moments):
-    """(mean, var, count) after merging a batch given by its moments around `mean`: Chan et al.'s parallel
-    variance update, written with f = n / (count + n) so that count 0 or an empty batch need no special case."""
+    """(mean, var, count) after merging a batch given by its moments around `mean`: Chan et al.'s
+    parallel variance update, written with f = n / (count + n) so that count 0 or an empty batch
+    need no special case."""
     d = mean.numel()
     n = moments[0]
     # delta: the batch mean minus the running mean
@@ -302,8 +309,8 @@ def rms_merge(mean, var, count, moments):
 
 
 def normalized_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
-    """Advantages minus their mean, over their std, both over every rank's batch (one all-reduce of three numbers),
-    so all ranks use the same statistics however preemption split the data."""
+    """Advantages minus their mean, over their std, both over every rank's batch (one all-reduce of
+    three numbers), so all ranks use the same statistics however preemption split the data."""
     x = adv.double()
     moments = torch.stack([x.new_tensor(float(x.numel())), x.sum(), (x * x).sum()])
     if world_size > 1:
@@ -316,8 +323,8 @@ def normalized_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def ppo_loss(agent: Agent, minibatch: dict, args: Args, with_stats: bool = True):
-    """PPO's clipped surrogate, (clipped) value loss and entropy bonus for one minibatch; with_stats: also the
-    diagnostics (losses, approximate KL, clip fraction)."""
+    """PPO's clipped surrogate, (clipped) value loss and entropy bonus for one minibatch;
+    with_stats: also the diagnostics (losses, approximate KL, clip fraction)."""
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(minibatch["obs"], minibatch["actions"])
     logratio = newlogprob - minibatch["logprobs"]
     ratio = logratio.exp()
@@ -341,9 +348,10 @@ def ppo_loss(agent: Agent, minibatch: dict, args: Args, with_stats: bool = True)
 
 
 def flatten_parameters(agent: nn.Module) -> torch.Tensor:
-    """One flat vector whose views are the agent's parameters, with a flat gradient whose views are their .grad
-    (backward adds into them in place), so that the all-reduce, the clip and Adam each act on one tensor.
-    Call it after moving the agent to its device; the optimizer then works on [flat]."""
+    """One flat vector whose views are the agent's parameters, with a flat gradient whose views are
+    their .grad (backward adds into them in place), so that the all-reduce, the clip and Adam each
+    act on one tensor. Call it after moving the agent to its device; the optimizer then works on
+    [flat]."""
     params = list(agent.parameters())
     flat = torch.cat([p.detach().reshape(-1) for p in params])
     flat.grad = torch.zeros_like(flat)
@@ -361,18 +369,19 @@ def make_optimizer(args: Args, flat: torch.Tensor) -> torch.optim.Optimizer:
 
 
 def average_gradient(flat: torch.Tensor, world_size: int) -> None:
-    """The flat gradient averaged over ranks with one all-reduce, in place (the only collective of the inner
-    loop). Every rank gets the same vector, so the replicas stay equal."""
+    """The flat gradient averaged over ranks with one all-reduce, in place (the only collective of
+    the inner loop). Every rank gets the same vector, so the replicas stay equal."""
     if world_size > 1:
         dist.all_reduce(flat.grad)
         flat.grad /= world_size
 
 
 def ppo_update(agent, optimizer, batch: dict, args: Args, generator, world_size: int) -> torch.Tensor:
-    """update_epochs x num_minibatches Adam steps on the flat parameter vector (flatten_parameters), each on the
-    gradient averaged over ranks and then clipped to a global norm. Minibatch sizes follow this rank's (possibly
-    preempted) batch, but their number is fixed, so every rank enters the all-reduce equally often (an empty
-    minibatch contributes a zero gradient). Returns the diagnostics of the last epoch."""
+    """update_epochs x num_minibatches Adam steps on the flat parameter vector (flatten_parameters),
+    each on the gradient averaged over ranks and then clipped to a global norm. Minibatch sizes
+    follow this rank's (possibly preempted) batch, but their number is fixed, so every rank enters
+    the all-reduce equally often (an empty minibatch contributes a zero gradient). Returns the
+    diagnostics of the last epoch."""
     flat = optimizer.param_groups[0]["params"][0]
     n = batch["advantages"].shape[0]
     if args.norm_adv:
@@ -403,7 +412,8 @@ def learning_rate(args: Args, update: int) -> float:
 
 
 def rollout_buffers(args: Args, agent: Agent, obs_shape: tuple, action_shape: tuple, device) -> dict:
-    """One rollout of num_steps x local_num_envs on `device`: observations, actions, and the per-step numbers."""
+    """One rollout of num_steps x local_num_envs on `device`: observations, actions, and the
+    per-step numbers."""
     size = (args.num_steps, args.local_num_envs)
     obs_dtype = torch.uint8 if len(obs_shape) == 3 else torch.float32
     action_dtype = torch.float32 if agent.continuous else torch.long
@@ -417,9 +427,9 @@ def rollout_buffers(args: Args, agent: Agent, obs_shape: tuple, action_shape: tu
 
 
 def rollout_state(envs, num_envs: int, device) -> dict:
-    """What carries over from one rollout to the next: the current observations, which envs are resetting, the
-    running episodes' returns and lengths, the episodes finished since the last update, the reward scaler's
-    discounted returns."""
+    """What carries over from one rollout to the next: the current observations, which envs are
+    resetting, the running episodes' returns and lengths, the episodes finished since the last
+    update, the reward scaler's discounted returns."""
     obs, _ = envs.reset()
     return {
         "obs": torch.as_tensor(obs, device=device),
@@ -433,9 +443,10 @@ def rollout_state(envs, num_envs: int, device) -> dict:
 
 
 def track_episodes(state: dict, reward, terminated, truncated, info) -> None:
-    """Episode statistics: returns and lengths of the episodes that ended at this step go to state["finished"].
-    The step after an episode end only resets the env (reward 0): it is not counted (and learning masks it out
-    through `valid`). Atari: raw rewards and the real game over, not the clipped, per-life ones."""
+    """Episode statistics: returns and lengths of the episodes that ended at this step go to
+    state["finished"]. The step after an episode end only resets the env (reward 0): it is not
+    counted (and learning masks it out through `valid`). Atari: raw rewards and the real game over,
+    not the clipped, per-life ones."""
     live = ~state["prev_done"]
     state["ep_return"] += info.get("reward", reward) * live
     state["ep_length"] += live
@@ -452,8 +463,8 @@ def track_episodes(state: dict, reward, terminated, truncated, info) -> None:
 
 
 def collect_rollout(agent, envs, state: dict, buffers: dict, args: Args, generator, store, update: int, device):
-    """Step the envs for up to num_steps; stop early once enough ranks have finished (DD-PPO preemption).
-    Returns the number of steps collected."""
+    """Step the envs for up to num_steps; stop early once enough ranks have finished (DD-PPO
+    preemption). Returns the number of steps collected."""
     min_steps = max(1, math.ceil(args.min_rollout_frac * args.num_steps))
     quorum = math.ceil(args.sync_frac * args.world_size)
     key = f"ddppo/finished/{update}"
@@ -493,9 +504,10 @@ def collect_rollout(agent, envs, state: dict, buffers: dict, args: Args, generat
 
 
 def update_normalizers(agent, buffers: dict, steps: int, state: dict, args: Args, world_size: int):
-    """Statistics identical on every rank: the moments of this rollout's valid observations and discounted returns
-    are summed over ranks (one all-reduce) and merged. Returns the rewards divided by the new return std, clipped,
-    and the new observation statistics, to load after the PPO update (which must see the rollout's normalization)."""
+    """Statistics identical on every rank: the moments of this rollout's valid observations and
+    discounted returns are summed over ranks (one all-reduce) and merged. Returns the rewards
+    divided by the new return std, clipped, and the new observation statistics, to load after the
+    PPO update (which must see the rollout's normalization)."""
     valid = buffers["valid"][:steps].reshape(-1)
     rewards = buffers["rewards"][:steps]
     statistics = {}
@@ -524,8 +536,8 @@ def update_normalizers(agent, buffers: dict, steps: int, state: dict, args: Args
 
 
 def learning_batch(agent, buffers: dict, rewards, steps: int, state: dict, args: Args) -> dict:
-    """GAE over this rank's rollout (bootstrapped from the value of the current observations), flattened to one
-    sample per valid step: the steps that only reset an env are left out."""
+    """GAE over this rank's rollout (bootstrapped from the value of the current observations),
+    flattened to one sample per valid step: the steps that only reset an env are left out."""
     with torch.no_grad():
         next_value = agent.get_value(state["obs"])
         values = buffers["values"][:steps]
@@ -546,7 +558,8 @@ def learning_batch(agent, buffers: dict, rewards, steps: int, state: dict, args:
 
 
 def evaluate(agent, env_id: str, episodes: int, seed: int, device, video_dir: Optional[str] = None):
-    """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short episodes)."""
+    """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short
+    episodes)."""
     if agent.image:
         envs = make_env(env_id, episodes, seed, episodic_life=False, reward_clip=False)
     else:
@@ -584,7 +597,8 @@ def process_start_time() -> float:
 
 
 def new_progress() -> dict:
-    """Everything a resumed run continues from; every time in it is a whole-run figure (docs/conventions.md §1a)."""
+    """Everything a resumed run continues from; every time in it is a whole-run figure
+    (docs/conventions.md §1a)."""
     return {
         "update": 0,
         "global_step": 0,
@@ -598,7 +612,8 @@ def new_progress() -> dict:
 
 
 def start_clock(progress: dict) -> float:
-    """Training starts now: add this segment's start-up (process start to now) to the whole-run times."""
+    """Training starts now: add this segment's start-up (process start to now) to the whole-run
+    times."""
     now = time.time()
     startup = now - process_start_time()
     progress["startup_s"] += startup
@@ -637,7 +652,8 @@ def log_update(writer, progress: dict, finished: list, scalars: dict) -> None:
 
 
 def update_scalars(progress: dict, optimizer, losses: torch.Tensor, totals: dict, world_size: int) -> dict:
-    """TensorBoard scalars of one update: learning rate, SPS, the losses (rank 0's), per-rank means of the totals."""
+    """TensorBoard scalars of one update: learning rate, SPS, the losses (rank 0's), per-rank means
+    of the totals."""
     policy_loss, value_loss, entropy, approx_kl, clipfrac = losses.tolist()
     return {
         "charts/learning_rate": optimizer.param_groups[0]["lr"],
@@ -655,7 +671,8 @@ def update_scalars(progress: dict, optimizer, losses: torch.Tensor, totals: dict
 
 
 def print_progress(progress: dict, num_updates: int, last_print: float) -> float:
-    """A progress line at most every 2 s (and after the last update); returns when one was last printed."""
+    """A progress line at most every 2 s (and after the last update); returns when one was last
+    printed."""
     now = time.time()
     if now - last_print < 2.0 and progress["update"] < num_updates:
         return last_print
@@ -679,9 +696,10 @@ def save_checkpoint(path: str, payload: dict) -> None:
 
 
 def restore(args: Args, model, optimizer, device, checkpoint_path: str) -> dict:
-    """A fresh progress dict, or with --resume and a checkpoint, the checkpoint's, with the model and the optimizer
-    loaded in place. Rank 0 reads the checkpoint and sends it to the other ranks, so nodes need no shared disk;
-    without one it sends its initial weights, since nodes with other math libraries could initialize other bits."""
+    """A fresh progress dict, or with --resume and a checkpoint, the checkpoint's, with the model
+    and the optimizer loaded in place. Rank 0 reads the checkpoint and sends it to the other ranks,
+    so nodes need no shared disk; without one it sends its initial weights, since nodes with other
+    math libraries could initialize other bits."""
     progress = new_progress()
     checkpoint = None
     if args.resume and args.rank == 0 and os.path.exists(checkpoint_path):
@@ -706,7 +724,8 @@ def restore(args: Args, model, optimizer, device, checkpoint_path: str) -> dict:
 
 
 def install_stop_handlers() -> dict:
-    """SIGTERM and SIGUSR1 (SLURM preemption) ask for a checkpoint at the end of the current update."""
+    """SIGTERM and SIGUSR1 (SLURM preemption) ask for a checkpoint at the end of the current
+    update."""
     stop = {"signal": 0}
     for signal_number in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(signal_number, lambda signum, frame: stop.update(signal=signum))
@@ -714,7 +733,8 @@ def install_stop_handlers() -> dict:
 
 
 def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
-    """TensorBoard (and wandb with --track); after a resume, points past the checkpoint's step are dropped."""
+    """TensorBoard (and wandb with --track); after a resume, points past the checkpoint's step are
+    dropped."""
     if args.track:
         import wandb
 
@@ -734,7 +754,8 @@ def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
 
 
 def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float, device, run_dir: str) -> None:
-    """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with --save-model, the weights."""
+    """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with
+    --save-model, the weights."""
     video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
     eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 10**6, device, video_dir)
     for episode, episode_return in enumerate(eval_returns):
@@ -772,13 +793,15 @@ def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float
 
 # ----------------------------------------------------------------------------------------------- distribution
 def available_cpus() -> int:
-    """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not the machine's
-    core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE). Linux, as /proc."""
+    """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not
+    the machine's core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE).
+    Linux, as /proc."""
     return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def global_sum(values: list, device, world_size: int) -> torch.Tensor:
-    """Per-rank numbers summed over all ranks: one all-reduce of a float64 tensor on `device` (NCCL: the GPU)."""
+    """Per-rank numbers summed over all ranks: one all-reduce of a float64 tensor on `device` (NCCL:
+    the GPU)."""
     total = torch.tensor(values, dtype=torch.float64, device=device)
     if world_size > 1:
         dist.all_reduce(total)
@@ -786,8 +809,9 @@ def global_sum(values: list, device, world_size: int) -> torch.Tensor:
 
 
 def update_totals(args: Args, steps: int, stop: dict, rollout_time: float, learn_time: float, device) -> dict:
-    """One update's counters summed over ranks (one small all-reduce): env steps, preempted ranks, the fraction of
-    the rollout collected, ranks that received a stop signal, and the rollout and learning times."""
+    """One update's counters summed over ranks (one small all-reduce): env steps, preempted ranks,
+    the fraction of the rollout collected, ranks that received a stop signal, and the rollout and
+    learning times."""
     values = [
         steps * args.local_num_envs,
         float(steps < args.num_steps),
@@ -801,8 +825,9 @@ def update_totals(args: Args, steps: int, stop: dict, rollout_time: float, learn
 
 
 def setup_distributed(args: Args):
-    """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE: join the group (gloo on CPU, NCCL on GPU). Alone: world size 1.
-    Returns the device and, with preemption on several ranks, the group's TCPStore (it counts finished rollouts)."""
+    """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE: join the group (gloo on CPU, NCCL on GPU). Alone:
+    world size 1. Returns the device and, with preemption on several ranks, the group's TCPStore (it
+    counts finished rollouts)."""
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
     args.rank = int(os.environ.get("RANK", "0"))
     args.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -819,8 +844,8 @@ def setup_distributed(args: Args):
 
 
 def seed_everything(args: Args, device) -> None:
-    """Threads and seeds (the same on every rank: identical initial weights); deterministic kernels on CUDA (the CPU
-    ones used here are deterministic already)."""
+    """Threads and seeds (the same on every rank: identical initial weights); deterministic kernels
+    on CUDA (the CPU ones used here are deterministic already)."""
     torch.set_num_threads(args.torch_threads or available_cpus())
     random.seed(args.seed)
     np.random.seed(args.seed)

@@ -1,10 +1,12 @@
 # docs: docs/fedpg.md | paper: https://arxiv.org/abs/2110.14074
-"""Federated policy gradient: FedAvg (McMahan et al., 2017), FedPG-BR (Fan et al., 2021) and robust baselines.
+"""Federated policy gradient: FedAvg (McMahan et al., 2017), FedPG-BR (Fan et al., 2021) and robust
+baselines.
 
-Each round the server (rank 0) sends theta to the K clients; each samples trajectories in its own environments and
-sends back only a model update, never an observation, action or reward. The server aggregates them: a sample-
-weighted average (fedavg), a coordinate-wise median or trimmed mean, or FedPG-BR's Byzantine filter followed by its
-variance-reduced (SCSG) inner loop on trajectories of its own. `--num-byzantine M` clients send corrupt updates.
+Each round the server (rank 0) sends theta to the K clients; each samples trajectories in its own
+environments and sends back only a model update, never an observation, action or reward. The server
+aggregates them: a sample- weighted average (fedavg), a coordinate-wise median or trimmed mean, or
+FedPG-BR's Byzantine filter followed by its variance-reduced (SCSG) inner loop on trajectories of
+its own. `--num-byzantine M` clients send corrupt updates.
 
   python algos/fedpg.py                                                 # 10 clients (fedavg), CartPole-v1
   python algos/fedpg.py --aggregator fedpg-br --num-byzantine 3 --attack sign-flip
@@ -135,9 +137,9 @@ def validate(args: Args) -> None:
 
 # ----------------------------------------------------------------------------------------------- environment
 def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, pole_scale: Optional[float] = None):
-    """`num_envs` envs: envpool's (env i seeded with seed + i), or (pole_scale given) gymnasium's vectorized CartPole
-    with a scaled pole (one generator seeded with seed draws every start state), since envpool's classic-control
-    physics is fixed. Both autoreset on the next step."""
+    """`num_envs` envs: envpool's (env i seeded with seed + i), or (pole_scale given) gymnasium's
+    vectorized CartPole with a scaled pole (one generator seeded with seed draws every start state),
+    since envpool's classic-control physics is fixed. Both autoreset on the next step."""
     if pole_scale is not None:
         from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 
@@ -158,7 +160,8 @@ def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, pole_s
 
 
 def pole_scale(args: Args, client: int) -> Optional[float]:
-    """Client k's pole-length factor 1 + h (2k / (K - 1) - 1), spread over [1 - h, 1 + h]; None without h."""
+    """Client k's pole-length factor 1 + h (2k / (K - 1) - 1), spread over [1 - h, 1 + h]; None
+    without h."""
     if not args.heterogeneity:
         return None
     if args.num_clients == 1:
@@ -167,8 +170,9 @@ def pole_scale(args: Args, client: int) -> Optional[float]:
 
 
 def client_env_seed(args: Args, round_: int, local_update: int, client: int) -> int:
-    """Seed of client `client`'s B trajectories in local update `local_update` of round `round_`: tied to the
-    client, never to the process that hosts it. The server's own trajectories start at seed + 10**9."""
+    """Seed of client `client`'s B trajectories in local update `local_update` of round `round_`:
+    tied to the client, never to the process that hosts it. The server's own trajectories start at
+    seed + 10**9."""
     return args.seed + 2 * 10**6 + ((round_ * args.local_updates + local_update) * args.num_clients + client) * args.B
 
 
@@ -179,8 +183,9 @@ def byzantine_clients(seed: int, K: int, M: int) -> list:
 
 # ----------------------------------------------------------------------------------------------- networks
 class Policy:
-    """Stochastic tanh MLP on a flat parameter vector theta (what server and clients exchange): categorical for
-    Discrete actions, diagonal Gaussian with state-independent log-std (theta's last entries) for Box actions."""
+    """Stochastic tanh MLP on a flat parameter vector theta (what server and clients exchange):
+    categorical for Discrete actions, diagonal Gaussian with state-independent log-std (theta's last
+    entries) for Box actions."""
 
     def __init__(self, obs_dim: int, action_space, hidden_sizes=(16, 16)):
         self.continuous = isinstance(action_space, gym.spaces.Box)
@@ -238,8 +243,9 @@ class Policy:
 
 # ----------------------------------------------------------------------------------------------- algorithm
 def trajectory_weights(rewards: torch.Tensor, valid: torch.Tensor, gamma: float) -> torch.Tensor:
-    """Weights w_t [T, N] of N trajectories: the reward-to-go sum_{h >= t} gamma^(h - t) r_h, standardized over its
-    own trajectory's steps (as the authors' code), 0 outside it (valid = 0): each depends on its trajectory alone."""
+    """Weights w_t [T, N] of N trajectories: the reward-to-go sum_{h >= t} gamma^(h - t) r_h,
+    standardized over its own trajectory's steps (as the authors' code), 0 outside it (valid = 0):
+    each depends on its trajectory alone."""
     G = torch.zeros_like(rewards)
     running = torch.zeros_like(rewards[0])
     for t in range(rewards.shape[0] - 1, -1, -1):
@@ -252,8 +258,9 @@ def trajectory_weights(rewards: torch.Tensor, valid: torch.Tensor, gamma: float)
 
 
 def policy_gradient(policy: Policy, theta: torch.Tensor, batch: dict, gamma: float) -> torch.Tensor:
-    """The estimate g^ = sum_j sum_t grad log pi_theta(a_t | s_t) w_t / sum_j L_j (ascent direction): the mean over
-    the batch's steps, as the authors' code; L_j is trajectory j's length."""
+    """The estimate g^ = sum_j sum_t grad log pi_theta(a_t | s_t) w_t / sum_j L_j (ascent
+    direction): the mean over the batch's steps, as the authors' code; L_j is trajectory j's
+    length."""
     th = theta.detach().requires_grad_()
     m = batch["valid"].bool()
     w = trajectory_weights(batch["rewards"], batch["valid"], gamma)[m]
@@ -262,11 +269,11 @@ def policy_gradient(policy: Policy, theta: torch.Tensor, batch: dict, gamma: flo
 
 
 def semi_stochastic_gradient(policy: Policy, theta_0, theta_n, mu, batch: dict, gamma: float):
-    """FedPG-BR's inner-loop direction v_n = g^(theta_n) - g^_omega(theta_0) + mu on b trajectories sampled with
-    theta_n, with importance weights omega_j = p(tau_j | theta_0) / p(tau_j | theta_n) = prod_t pi_theta_0(a_t|s_t) /
-    pi_theta_n(a_t|s_t) (the dynamics cancel). g^ as policy_gradient's (a per-step mean); g^_omega weights trajectory
-    j's steps by omega_j, over the same sum_j L_j steps (as the authors' code; see docs: not unbiased). Returns v_n,
-    omega."""
+    """FedPG-BR's inner-loop direction v_n = g^(theta_n) - g^_omega(theta_0) + mu on b trajectories
+    sampled with theta_n, with importance weights omega_j = p(tau_j | theta_0) / p(tau_j | theta_n)
+    = prod_t pi_theta_0(a_t|s_t) / pi_theta_n(a_t|s_t) (the dynamics cancel). g^ as
+    policy_gradient's (a per-step mean); g^_omega weights trajectory j's steps by omega_j, over the
+    same sum_j L_j steps (as the authors' code; see docs: not unbiased). Returns v_n, omega."""
     m = batch["valid"].bool()
     w = trajectory_weights(batch["rewards"], batch["valid"], gamma)
     th_n = theta_n.detach().requires_grad_()
@@ -282,9 +289,9 @@ def semi_stochastic_gradient(policy: Policy, theta_0, theta_n, mu, batch: dict, 
 
 
 def filter_pass(mu: torch.Tensor, distances: torch.Tensor, radius: float) -> torch.Tensor:
-    """One pass of FedPG-BR's filter with one radius: S = the gradients within `radius` of more than K/2 gradients
-    (itself included); mu_mom = the member of S closest to S's mean; the mask of the gradients within `radius` of
-    mu_mom (all False if S is empty)."""
+    """One pass of FedPG-BR's filter with one radius: S = the gradients within `radius` of more than
+    K/2 gradients (itself included); mu_mom = the member of S closest to S's mean; the mask of the
+    gradients within `radius` of mu_mom (all False if S is empty)."""
     K = mu.shape[0]
     S = ((distances <= radius).sum(1) > K / 2).nonzero().squeeze(1)
     if len(S) == 0:
@@ -294,9 +301,9 @@ def filter_pass(mu: torch.Tensor, distances: torch.Tensor, radius: float) -> tor
 
 
 def byzantine_filter(mu: torch.Tensor, B: int, sigma: float, delta: float, alpha: float):
-    """FedPG-BR's filter (Algorithm 1) on the K gradients mu [K, D]. R1: the pass with radius T_mu = 2 sigma
-    sqrt(V / B), V = 2 log(2K / delta); R2: if it keeps fewer than (1 - alpha) K, the pass with radius 2 sigma.
-    Returns the kept gradients' mask (G) and whether R2 was used."""
+    """FedPG-BR's filter (Algorithm 1) on the K gradients mu [K, D]. R1: the pass with radius T_mu =
+    2 sigma sqrt(V / B), V = 2 log(2K / delta); R2: if it keeps fewer than (1 - alpha) K, the pass
+    with radius 2 sigma. Returns the kept gradients' mask (G) and whether R2 was used."""
     K = mu.shape[0]
     mu = mu.double()
     T_mu = 2 * sigma * math.sqrt(2 * math.log(2 * K / delta) / B)
@@ -308,35 +315,39 @@ def byzantine_filter(mu: torch.Tensor, B: int, sigma: float, delta: float, alpha
 
 
 def sample_N_t(rng: np.random.Generator, B: int, b: int) -> int:
-    """N_t ~ Geom(B / (B + b)) as in SCSG: P(N_t = n) = (B / (B + b))^n b / (B + b) for n >= 0, mean B / b."""
+    """N_t ~ Geom(B / (B + b)) as in SCSG: P(N_t = n) = (B / (B + b))^n b / (B + b) for n >= 0, mean
+    B / b."""
     # numpy's geometric counts trials, from 1
     return int(rng.geometric(b / (B + b))) - 1
 
 
 def coordinate_median(u: torch.Tensor) -> torch.Tensor:
-    """Coordinate-wise median of the rows of u [K, D] (the mean of the two middle values when K is even)."""
+    """Coordinate-wise median of the rows of u [K, D] (the mean of the two middle values when K is
+    even)."""
     s = u.sort(0).values
     K = u.shape[0]
     return s[K // 2] if K % 2 else (s[K // 2 - 1] + s[K // 2]) / 2
 
 
 def trimmed_mean(u: torch.Tensor, fraction: float) -> torch.Tensor:
-    """Coordinate-wise trimmed mean: drop the floor(fraction K) largest and smallest values of every coordinate."""
+    """Coordinate-wise trimmed mean: drop the floor(fraction K) largest and smallest values of every
+    coordinate."""
     k = math.floor(fraction * u.shape[0] + 1e-9)
     return u.sort(0).values[k : u.shape[0] - k].mean(0)
 
 
 def clip_norm(v: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """v rescaled to norm max_norm if it is longer (max_norm 0: unchanged): a new vector, exactly at max_norm (torch's
-    clip_grad_norm_ works on .grad in place and divides by norm + 1e-6; theta here is a plain vector)."""
+    """v rescaled to norm max_norm if it is longer (max_norm 0: unchanged): a new vector, exactly at
+    max_norm (torch's clip_grad_norm_ works on .grad in place and divides by norm + 1e-6; theta here
+    is a plain vector)."""
     n = float(v.norm())
     return v * (max_norm / n) if max_norm and n > max_norm else v
 
 
 def corrupt(u: torch.Tensor, attack: str, generator: torch.Generator, sizes: list) -> torch.Tensor:
-    """What a Byzantine client sends instead of u: sign-flip -2.5 u; random-noise u plus noise uniform in +-3 (max -
-    min) of each parameter tensor's own entries (`sizes`: the tensors' lengths in u), as the authors' code;
-    random-action changes the sampling, not u."""
+    """What a Byzantine client sends instead of u: sign-flip -2.5 u; random-noise u plus noise
+    uniform in +-3 (max - min) of each parameter tensor's own entries (`sizes`: the tensors' lengths
+    in u), as the authors' code; random-action changes the sampling, not u."""
     if attack == "sign-flip":
         return -2.5 * u
     if attack == "random-noise":
@@ -355,17 +366,18 @@ META = 4
 
 
 def learning_rate(args: Args, progress: dict) -> float:
-    """eta_t: decays linearly to zero over total_timesteps (a round ends past its share), or constant."""
+    """eta_t: decays linearly to zero over total_timesteps (a round ends past its share), or
+    constant."""
     if args.anneal_lr:
         return args.learning_rate * (1 - progress["global_step"] / args.total_timesteps)
     return args.learning_rate
 
 
 def sample_trajectories(policy: Policy, theta, envs, num: int, max_steps: int, generator=None, mode="sample"):
-    """One trajectory from a fresh reset in each of the `num` envs, stepped together (one batched forward pass per
-    step) until every first episode has ended; later steps (envpool's reset step, the next episode) are masked out
-    (valid = 0). Actions: sampled, greedy, or uniformly random (the random-action attack). Returns obs, actions,
-    rewards, valid along time [T, num, ...]."""
+    """One trajectory from a fresh reset in each of the `num` envs, stepped together (one batched
+    forward pass per step) until every first episode has ended; later steps (envpool's reset step,
+    the next episode) are masked out (valid = 0). Actions: sampled, greedy, or uniformly random (the
+    random-action attack). Returns obs, actions, rewards, valid along time [T, num, ...]."""
     obs, _ = envs.reset()
     alive = np.ones(num, dtype=bool)
     trajectories = {"obs": [], "actions": [], "rewards": [], "valid": []}
@@ -400,9 +412,10 @@ def sample_trajectories(policy: Policy, theta, envs, num: int, max_steps: int, g
 def client_update(
     args: Args, policy: Policy, theta, eta: float, round_: int, client: int, byzantine: bool, max_steps: int
 ):
-    """One client's round: E local gradient-ascent steps from the global theta on its own trajectories, or (fedpg-br)
-    its gradient at theta; corrupted if the client is Byzantine. Returns the update u (theta_k - theta, or fedpg-br's
-    mu_k), its env steps and its trajectories' returns."""
+    """One client's round: E local gradient-ascent steps from the global theta on its own
+    trajectories, or (fedpg-br) its gradient at theta; corrupted if the client is Byzantine. Returns
+    the update u (theta_k - theta, or fedpg-br's mu_k), its env steps and its trajectories'
+    returns."""
     seed = np.random.SeedSequence([args.seed, round_, client]).generate_state(1)[0]
     generator = torch.Generator().manual_seed(int(seed))
     mode = "random" if byzantine and args.attack == "random-action" else "sample"
@@ -438,9 +451,10 @@ def server_update(
     server_trajectories: int,
     max_steps: int,
 ):
-    """The K updates u [K, D] -> the next theta, and statistics. fedpg-br: the filter, mu_t = mean of the kept
-    gradients, then N_t steps theta_{n+1} = theta_n + eta v_n, v_0 = mu_t (at theta_0 the mini-batch terms cancel,
-    so none is sampled for it), v_n from b trajectories the server samples with theta_n."""
+    """The K updates u [K, D] -> the next theta, and statistics. fedpg-br: the filter, mu_t = mean
+    of the kept gradients, then N_t steps theta_{n+1} = theta_n + eta v_n, v_0 = mu_t (at theta_0
+    the mini-batch terms cancel, so none is sampled for it), v_n from b trajectories the server
+    samples with theta_n."""
     info = {
         "kept": torch.ones(u.shape[0], dtype=torch.bool),
         "N_t": 0,
@@ -484,8 +498,9 @@ def server_update(
 
 
 def share_round(args: Args, theta: torch.Tensor, progress: dict, stop: dict) -> tuple:
-    """The start of a round, one collective: theta, eta_t and whether the run is over from rank 0, and every
-    process's stop signal. Returns theta, eta_t, and whether to stop (end of run, or a signal somewhere)."""
+    """The start of a round, one collective: theta, eta_t and whether the run is over from rank 0,
+    and every process's stop signal. Returns theta, eta_t, and whether to stop (end of run, or a
+    signal somewhere)."""
     dim = theta.numel()
     head = torch.zeros(dim + 3, dtype=torch.float64)
     if args.rank == 0:
@@ -499,10 +514,10 @@ def share_round(args: Args, theta: torch.Tensor, progress: dict, stop: dict) -> 
 
 
 def collect_updates(args: Args, policy: Policy, theta, eta: float, round_: int, byzantine: list, max_steps: int):
-    """The round of the clients this process hosts (a contiguous block, padded to one length on every process),
-    gathered at rank 0. Each client sends one row: its client id, env steps, number and sum of its episodes'
-    returns (the META numbers, for the logs), then its update. Rank 0 returns the K rows in client order; the
-    others return None."""
+    """The round of the clients this process hosts (a contiguous block, padded to one length on
+    every process), gathered at rank 0. Each client sends one row: its client id, env steps, number
+    and sum of its episodes' returns (the META numbers, for the logs), then its update. Rank 0
+    returns the K rows in client order; the others return None."""
     per_rank = math.ceil(args.num_clients / args.world_size)
     first = min(args.rank * per_rank, args.num_clients)
     last = min((args.rank + 1) * per_rank, args.num_clients)
@@ -525,15 +540,16 @@ def collect_updates(args: Args, policy: Policy, theta, eta: float, round_: int, 
 
 
 def evaluate(policy: Policy, theta, env_id: str, episodes: int, seed: int, max_steps: int):
-    """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short episodes)."""
+    """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short
+    episodes)."""
     envs = make_env(env_id, episodes, seed)
     batch = sample_trajectories(policy, theta, envs, episodes, max_steps, mode="greedy")
     return (batch["rewards"] * batch["valid"]).sum(0).numpy()
 
 
 def evaluate_round(args: Args, policy: Policy, theta, writer, progress: dict, threshold, max_steps: int) -> None:
-    """--eval-every: theta's greedy return (the papers' curves), logged against trajectories per client; the first
-    round it reaches the threshold is kept."""
+    """--eval-every: theta's greedy return (the papers' curves), logged against trajectories per
+    client; the first round it reaches the threshold is kept."""
     trajectories = progress["update"] * args.B * args.local_updates
     eval_returns = evaluate(policy, theta, args.env_id, args.eval_episodes, args.seed + 10**6, max_steps)
     eval_return = float(eval_returns.mean())
@@ -554,11 +570,12 @@ def process_start_time() -> float:
 
 
 def new_progress(config: str) -> dict:
-    """Everything a resumed run continues from; every time in it is a whole-run figure (docs/conventions.md §1a).
-    `update` counts rounds. Clients send no single episode returns, so `recent_returns` holds each round's honest
-    episodes as [count, return sum]. Federated PG adds the server's trajectories so far (they seed its envs), when
-    the thresholds were reached in trajectories per client, the summed fractions of Byzantine and honest clients the
-    filter kept, and `config`, what must not change across a resume."""
+    """Everything a resumed run continues from; every time in it is a whole-run figure
+    (docs/conventions.md §1a). `update` counts rounds. Clients send no single episode returns, so
+    `recent_returns` holds each round's honest episodes as [count, return sum]. Federated PG adds
+    the server's trajectories so far (they seed its envs), when the thresholds were reached in
+    trajectories per client, the summed fractions of Byzantine and honest clients the filter kept,
+    and `config`, what must not change across a resume."""
     return {
         "update": 0,
         "global_step": 0,
@@ -578,7 +595,8 @@ def new_progress(config: str) -> dict:
 
 
 def start_clock(progress: dict) -> float:
-    """Training starts now: add this segment's start-up (process start to now) to the whole-run times."""
+    """Training starts now: add this segment's start-up (process start to now) to the whole-run
+    times."""
     now = time.time()
     startup = now - process_start_time()
     progress["startup_s"] += startup
@@ -596,8 +614,8 @@ def advance_clock(progress: dict, since: float, training: bool = True) -> float:
 
 
 def recent_mean(progress: dict) -> tuple:
-    """Mean return and count of the episodes of the fewest latest rounds that hold at least 20 of them (all kept
-    rounds if fewer)."""
+    """Mean return and count of the episodes of the fewest latest rounds that hold at least 20 of
+    them (all kept rounds if fewer)."""
     count = 0
     total = 0.0
     for episodes, return_sum in reversed(progress["recent_returns"]):
@@ -609,8 +627,9 @@ def recent_mean(progress: dict) -> tuple:
 
 
 def record_returns(progress: dict, round_episodes: list, threshold, trajectories: int) -> None:
-    """A round's honest episodes as [count, return sum] (clients send no single returns); the first time the mean
-    of the last 20 or more (whole rounds) reaches the threshold is kept, also as `trajectories` per client."""
+    """A round's honest episodes as [count, return sum] (clients send no single returns); the first
+    time the mean of the last 20 or more (whole rounds) reaches the threshold is kept, also as
+    `trajectories` per client."""
     progress["recent_returns"].append(round_episodes)
     mean, count = recent_mean(progress)
     reached = threshold is not None and count >= 20 and mean >= threshold
@@ -621,8 +640,9 @@ def record_returns(progress: dict, round_episodes: list, threshold, trajectories
 
 
 def record_filter(progress: dict, stats: dict, kept: torch.Tensor, honest: torch.Tensor) -> None:
-    """The fractions of honest and Byzantine clients whose updates the server kept this round (FedPG-BR's filter;
-    the other aggregators keep all), summed over the run for the summary's means."""
+    """The fractions of honest and Byzantine clients whose updates the server kept this round
+    (FedPG-BR's filter; the other aggregators keep all), summed over the run for the summary's
+    means."""
     stats["kept_honest"] = float(kept[honest].float().mean())
     stats["kept_byzantine"] = float(kept[~honest].float().mean())
     progress["kept_honest"] += stats["kept_honest"]
@@ -631,8 +651,9 @@ def record_filter(progress: dict, stats: dict, kept: torch.Tensor, honest: torch
 
 
 def log_update(writer, progress: dict, finished: list, scalars: dict) -> None:
-    """TensorBoard points of one iteration: its finished episodes, then the named scalars. Federated PG passes one
-    (return, length) per round, the honest clients' episode means (docs/conventions.md §6)."""
+    """TensorBoard points of one iteration: its finished episodes, then the named scalars. Federated
+    PG passes one (return, length) per round, the honest clients' episode means (docs/conventions.md
+    §6)."""
     step = progress["global_step"]
     for episode_return, episode_length in finished:
         writer.add_scalar("charts/episodic_return", episode_return, step)
@@ -666,8 +687,8 @@ def round_scalars(args: Args, progress: dict, rows: torch.Tensor, info: dict, et
 
 
 def print_progress(progress: dict, total_timesteps: int, last_print: float) -> float:
-    """A progress line at most every 2 s (and at the end); returns when one was last printed. The loop runs to
-    total_timesteps, so the line counts steps."""
+    """A progress line at most every 2 s (and at the end); returns when one was last printed. The
+    loop runs to total_timesteps, so the line counts steps."""
     now = time.time()
     if now - last_print < 2.0 and progress["global_step"] < total_timesteps:
         return last_print
@@ -691,7 +712,8 @@ def save_checkpoint(path: str, payload: dict) -> None:
 
 
 def run_config(args: Args) -> str:
-    """What a resumed run must share with its checkpoint (trajectories and random draws follow from it)."""
+    """What a resumed run must share with its checkpoint (trajectories and random draws follow from
+    it)."""
     return (
         f"{args.env_id} {args.aggregator} K={args.num_clients} M={args.num_byzantine} {args.attack} B={args.B} "
         f"b={args.b} E={args.local_updates} h={args.heterogeneity} seed={args.seed} hidden={args.hidden_sizes}"
@@ -699,10 +721,10 @@ def run_config(args: Args) -> str:
 
 
 def restore(args: Args, theta: torch.Tensor, config: str, checkpoint_path: str) -> dict:
-    """A fresh progress dict, or with --resume and a checkpoint of this configuration, the checkpoint's, with theta
-    loaded in place. Rank 0 reads the checkpoint and sends it to the other ranks: nodes need no shared filesystem.
-    Trajectories and random draws follow from (seed, round), so nothing else is needed; there is no optimizer
-    state (plain gradient ascent)."""
+    """A fresh progress dict, or with --resume and a checkpoint of this configuration, the
+    checkpoint's, with theta loaded in place. Rank 0 reads the checkpoint and sends it to the other
+    ranks: nodes need no shared filesystem. Trajectories and random draws follow from (seed, round),
+    so nothing else is needed; there is no optimizer state (plain gradient ascent)."""
     progress = new_progress(config)
     shared = [None]
     if args.resume and args.rank == 0 and os.path.exists(checkpoint_path):
@@ -724,9 +746,9 @@ def restore(args: Args, theta: torch.Tensor, config: str, checkpoint_path: str) 
 
 
 def install_stop_handlers(stop: Optional[dict] = None) -> dict:
-    """SIGTERM and SIGUSR1 (SLURM preemption) ask for a checkpoint at the end of the current round. Installed
-    first thing in main(), and again by a forked worker on the dict it inherits, so that a signal during start-up
-    is kept, never fatal (exit 143)."""
+    """SIGTERM and SIGUSR1 (SLURM preemption) ask for a checkpoint at the end of the current round.
+    Installed first thing in main(), and again by a forked worker on the dict it inherits, so that a
+    signal during start-up is kept, never fatal (exit 143)."""
     stop = {"signal": 0} if stop is None else stop
     for signal_number in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(signal_number, lambda signum, frame: stop.update(signal=signum))
@@ -734,7 +756,8 @@ def install_stop_handlers(stop: Optional[dict] = None) -> dict:
 
 
 def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
-    """TensorBoard (and wandb with --track); after a resume, points past the checkpoint's step are dropped."""
+    """TensorBoard (and wandb with --track); after a resume, points past the checkpoint's step are
+    dropped."""
     if args.track:
         import wandb
 
@@ -754,7 +777,8 @@ def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
 
 
 def write_summary(args, policy, theta, writer, progress: dict, clock: float, run_dir, stats: dict, max_steps: int):
-    """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with --save-model, theta."""
+    """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with
+    --save-model, theta."""
     eval_returns = evaluate(policy, theta, args.env_id, args.eval_episodes, args.seed + 10**6, max_steps)
     for episode, episode_return in enumerate(eval_returns):
         writer.add_scalar("eval/episodic_return", episode_return, episode)
@@ -809,13 +833,15 @@ def write_summary(args, policy, theta, writer, progress: dict, clock: float, run
 
 # ----------------------------------------------------------------------------------------------- distribution
 def available_cpus() -> int:
-    """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not the machine's
-    core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE). Linux, as /proc."""
+    """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not
+    the machine's core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE).
+    Linux, as /proc."""
     return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def setup_distributed(args: Args) -> None:
-    """torchrun (or spawn_workers) sets RANK/LOCAL_RANK/WORLD_SIZE: join the gloo group. Alone: world size 1."""
+    """torchrun (or spawn_workers) sets RANK/LOCAL_RANK/WORLD_SIZE: join the gloo group. Alone:
+    world size 1."""
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
     args.rank = int(os.environ.get("RANK", "0"))
     args.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -824,8 +850,9 @@ def setup_distributed(args: Args) -> None:
 
 
 def seed_everything(args: Args) -> None:
-    """Threads and seeds (the same in every process: identical initial theta). One torch thread: the per-client
-    batches are tiny, and it keeps every client's floats independent of the process that hosts it."""
+    """Threads and seeds (the same in every process: identical initial theta). One torch thread: the
+    per-client batches are tiny, and it keeps every client's floats independent of the process that
+    hosts it."""
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
 
@@ -853,7 +880,8 @@ def worker_entry(index: int, args: Args, num_workers: int, parent: int, stop: di
 
 
 def forward_signal(stop: dict, workers: list, signum: int, frame=None) -> None:
-    """The parent's SIGTERM/SIGUSR1 handler: keep the signal and pass it on to the workers started so far."""
+    """The parent's SIGTERM/SIGUSR1 handler: keep the signal and pass it on to the workers started
+    so far."""
     stop["signal"] = signum
     for worker in workers:
         if worker.is_alive():

@@ -1,11 +1,11 @@
 # docs: docs/impala.md | paper: https://arxiv.org/abs/1802.01561
 """IMPALA: Importance Weighted Actor-Learner Architecture (Espeholt et al., 2018).
 
-Actor processes step their own envpool batches with a local CPU copy of the policy and write unrolls into
-preallocated shared-memory buffers, handed over through bounded free/full index queues. The learner trains on
-batches of unrolls with the V-trace off-policy correction (actors lag behind the learner) and publishes new
-parameters that the actors pick up. Under torchrun every rank is a learner with its own actors; learners
-all-reduce gradients.
+Actor processes step their own envpool batches with a local CPU copy of the policy and write unrolls
+into preallocated shared-memory buffers, handed over through bounded free/full index queues. The
+learner trains on batches of unrolls with the V-trace off-policy correction (actors lag behind the
+learner) and publishes new parameters that the actors pick up. Under torchrun every rank is a
+learner with its own actors; learners all-reduce gradients.
 
   python algos/impala.py                                            # 1 learner + one actor per core, CartPole-v1
   torchrun --standalone --nproc_per_node=2 algos/impala.py          # 2 learners, each with its own actors
@@ -72,20 +72,21 @@ class Args:
     ent_coef: float = 0.02  # entropy bonus coefficient (0.02 rather than 0.01: see docs/impala.md, Defaults)
     vf_coef: float = 0.5  # baseline (value) loss coefficient
     norm_reward: tyro.conf.DisallowNone[Optional[bool]] = None
-    """divide rewards by the running std of the discounted return (default: on for vector observations; off for
-    images, whose rewards are clipped to [-1, 1] as in the paper; see docs/impala.md, Defaults)"""
+    """divide rewards by the running std of the discounted return (default: on for vector
+    observations; off for images, whose rewards are clipped to [-1, 1] as in the paper; see
+    docs/impala.md, Defaults)"""
     clip_reward: float = 10.0  # scaled rewards are clipped to [-clip_reward, clip_reward]
     max_grad_norm: float = 0.5  # global grad-norm clip after the all-reduce (paper: 40 for summed losses; see docs)
     torch_threads: int = 0  # learner's torch threads (0: 1; actors always use 1)
     env_threads: int = 0  # envpool threads per actor (0: 1)
     # --- distributed ---
     num_actors: int = 0
-    """actor processes per learner (0: one per CPU this rank may use; with --deterministic, the largest count up
-    to that which divides the unrolls of a batch)"""
+    """actor processes per learner (0: one per CPU this rank may use; with --deterministic, the
+    largest count up to that which divides the unrolls of a batch)"""
     num_buffers: int = 0  # unroll buffers (0: max(2 x unrolls per batch, unrolls per batch + 2 x actors))
     deterministic: bool = False
-    """actors act with the parameters of exactly one update ago and unrolls are consumed in a fixed order:
-    bitwise reproducible on CPU, at the price of actors waiting for the learner"""
+    """actors act with the parameters of exactly one update ago and unrolls are consumed in a fixed
+    order: bitwise reproducible on CPU, at the price of actors waiting for the learner"""
     checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many updates (0: on signals only)
     resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
     # --- computed at run time ---
@@ -150,7 +151,8 @@ def validate(args: Args) -> None:
 
 # ----------------------------------------------------------------------------------------------- environment
 def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, **kwargs):
-    """An envpool batch. Env i of the batch is seeded with seed + i. Atari gets DeepMind preprocessing."""
+    """An envpool batch. Env i of the batch is seeded with seed + i. Atari gets DeepMind
+    preprocessing."""
     extra = {}
     # Atari: 84x84 grey, 4 stacked, skip 4
     if len(envpool.make_spec(env_id).observation_space.shape) == 3:
@@ -168,8 +170,8 @@ def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, **kwar
 
 
 def env_seed(args: Args, actor: int, update: int) -> int:
-    """Seed of env 0 of `actor` on this rank when actors start at `update`: distinct for every env, actor, rank and
-    restart point."""
+    """Seed of env 0 of `actor` on this rank when actors start at `update`: distinct for every env,
+    actor, rank and restart point."""
     return args.seed + ((update * args.world_size + args.rank) * args.num_actors + actor) * args.num_envs
 
 
@@ -201,8 +203,9 @@ class ResidualBlock(nn.Module):
 
 
 def resnet_torso(in_channels: int) -> nn.Module:
-    """The paper's deep network (Figure 3, right): three sections of conv 3x3, max-pool 3x3 stride 2 and two
-    residual blocks, with 16, 32, 32 channels; then ReLU and a 256-unit fully connected layer."""
+    """The paper's deep network (Figure 3, right): three sections of conv 3x3, max-pool 3x3 stride 2
+    and two residual blocks, with 16, 32, 32 channels; then ReLU and a 256-unit fully connected
+    layer."""
     layers = []
     channels = in_channels
     for out in (16, 32, 32):
@@ -217,7 +220,8 @@ def resnet_torso(in_channels: int) -> nn.Module:
 
 
 class RunningMeanStd(nn.Module):
-    """Mean, population variance and count (float64) of all data merged so far: buffers, so state_dict has them."""
+    """Mean, population variance and count (float64) of all data merged so far: buffers, so
+    state_dict has them."""
 
     def __init__(self, shape=()):
         super().__init__()
@@ -232,10 +236,11 @@ class RunningMeanStd(nn.Module):
 
 
 class Agent(nn.Module):
-    """Torso, optional LSTM core, policy-logit and baseline heads. Images: a shared Nature-CNN or residual torso
-    with linear heads (the paper's layout). Vectors: two 64-64 tanh MLPs as heads, policy and baseline apart
-    (docs/conventions.md). `forward` takes a time axis, [T, N, ...], so actors (T = 1) and the learner
-    (T = unroll + 1) share it. With norm_reward, `return_rms` holds the reward scaler's statistics (learner only)."""
+    """Torso, optional LSTM core, policy-logit and baseline heads. Images: a shared Nature-CNN or
+    residual torso with linear heads (the paper's layout). Vectors: two 64-64 tanh MLPs as heads,
+    policy and baseline apart (docs/conventions.md). `forward` takes a time axis, [T, N, ...], so
+    actors (T = 1) and the learner (T = unroll + 1) share it. With norm_reward, `return_rms` holds
+    the reward scaler's statistics (learner only)."""
 
     def __init__(
         self, obs_shape, num_actions: int, network: str = "auto", use_lstm: bool = False, norm_reward: bool = False
@@ -278,9 +283,9 @@ class Agent(nn.Module):
         return torch.zeros(2, n, self.core.hidden_size if self.core is not None else 0, device=device)
 
     def forward(self, obs: torch.Tensor, valid: torch.Tensor, state: torch.Tensor):
-        """obs [T, N, ...], valid [T, N] (0 on envpool's reset steps), state [2, N, H] -> logits [T, N, A],
-        values [T, N], state after the last step. The LSTM state is zeroed after a reset step, so every episode
-        starts from the zero state."""
+        """obs [T, N, ...], valid [T, N] (0 on envpool's reset steps), state [2, N, H] -> logits [T,
+        N, A], values [T, N], state after the last step. The LSTM state is zeroed after a reset
+        step, so every episode starts from the zero state."""
         T, N = obs.shape[:2]
         x = obs.reshape((T * N,) + obs.shape[2:]).float()
         h = self.torso(x / 255.0 if self.image else x)
@@ -322,8 +327,9 @@ def vtrace(
       v_s - V(x_s) = delta_s + gamma c_s (v_{s+1} - V(x_{s+1}))      (the trace is cut where an episode ends)
       A_s = rho_s (r_s + gamma_s v_{s+1} - V(x_s))
 
-    V(x_T) is bootstrap_value. A truncated step bootstraps from the value of the final observation, which envpool
-    returns as x_{t+1}. Steps with valid = 0 (envpool's reset step after an episode end) have v_s = V(x_s)."""
+    V(x_T) is bootstrap_value. A truncated step bootstraps from the value of the final observation,
+    which envpool returns as x_{t+1}. Steps with valid = 0 (envpool's reset step after an episode
+    end) have v_s = V(x_s)."""
     ratio = (target_logp - behaviour_logp).exp()
     rho = ratio.clamp(max=rho_bar)
     c = lam * ratio.clamp(max=c_bar)
@@ -342,8 +348,9 @@ def vtrace(
 
 
 def impala_loss(agent: Agent, batch: dict, args: Args):
-    """Policy gradient weighted by the V-trace advantages, baseline loss towards v_s, entropy bonus; means over
-    the valid steps of the batch. batch: obs [T+1, B, ...], the rest [T, B] (logits [T, B, A], state [2, B, H])."""
+    """Policy gradient weighted by the V-trace advantages, baseline loss towards v_s, entropy bonus;
+    means over the valid steps of the batch. batch: obs [T+1, B, ...], the rest [T, B] (logits [T,
+    B, A], state [2, B, H])."""
     T = batch["actions"].shape[0]
     valid_all = torch.cat([batch["valid"], torch.ones_like(batch["valid"][:1])])
     logits, values, _ = agent(batch["obs"], valid_all, batch["state"])
@@ -375,16 +382,18 @@ def impala_loss(agent: Agent, batch: dict, args: Args):
 
 
 def rms_moments(x, weight, shift):
-    """[sum w, sum w (x - shift), sum w (x - shift)^2] (per feature, flat, float64) of the rows of x [B, ...] with
-    weights w [B]. Moments of disjoint batches add up, so one all-reduce gives those of the union over ranks."""
+    """[sum w, sum w (x - shift), sum w (x - shift)^2] (per feature, flat, float64) of the rows of x
+    [B, ...] with weights w [B]. Moments of disjoint batches add up, so one all-reduce gives those
+    of the union over ranks."""
     x = x.reshape(weight.shape[0], -1).double() - shift.reshape(1, -1)
     w = weight.double().unsqueeze(-1)
     return torch.cat([w.sum().reshape(1), (w * x).sum(0), (w * x * x).sum(0)])
 
 
 def rms_merge(mean, var, count, moments):
-    """(mean, var, count) after merging a batch given by its moments around `mean`: Chan et al.'s parallel
-    variance update, written with f = n / (count + n) so that count 0 or an empty batch need no special case."""
+    """(mean, var, count) after merging a batch given by its moments around `mean`: Chan et al.'s
+    parallel variance update, written with f = n / (count + n) so that count 0 or an empty batch
+    need no special case."""
     d = mean.numel()
     n = moments[0]
     # batch mean - running mean
@@ -395,15 +404,16 @@ def rms_merge(mean, var, count, moments):
 
 
 def scale_rewards(rewards, return_rms: RunningMeanStd, clip: float):
-    """The reward scaler: rewards divided by the running std of the discounted return (the actors' `returns`),
-    clipped. The value targets then stay of order one whatever the discount, which an MLP baseline can track."""
+    """The reward scaler: rewards divided by the running std of the discounted return (the actors'
+    `returns`), clipped. The value targets then stay of order one whatever the discount, which an
+    MLP baseline can track."""
     return (rewards / torch.sqrt(return_rms.var + 1e-8)).clamp(-clip, clip)
 
 
 def flatten_parameters(agent: nn.Module) -> torch.Tensor:
-    """Make every parameter a view of one flat vector and every gradient a view of `flat.grad` (backward adds into
-    them in place), so that the all-reduce, the clip and the optimizer each act on one tensor. Call it after moving
-    the agent to its device. Returns the flat vector."""
+    """Make every parameter a view of one flat vector and every gradient a view of `flat.grad`
+    (backward adds into them in place), so that the all-reduce, the clip and the optimizer each act
+    on one tensor. Call it after moving the agent to its device. Returns the flat vector."""
     params = list(agent.parameters())
     flat = torch.cat([p.detach().reshape(-1) for p in params])
     flat.grad = torch.zeros_like(flat)
@@ -424,10 +434,11 @@ def make_optimizer(args: Args, flat: torch.Tensor) -> torch.optim.Optimizer:
 
 # ----------------------------------------------------------------------------------------------- roles
 def unroll_buffers(args: Args, spec, num_buffers: int, state_width: int) -> dict:
-    """Preallocated unroll buffers in shared memory, [K, ...] for K buffers: observations x_0..x_T, and per step t
-    the action, behaviour logits, reward, terminated, done (terminated or truncated), valid, the discounted return
-    so far (the reward scaler's statistic), the return and length of an episode that ended at t (NaN elsewhere);
-    the LSTM state before x_0; who produced it (version of its parameters, actor, sequence number)."""
+    """Preallocated unroll buffers in shared memory, [K, ...] for K buffers: observations x_0..x_T,
+    and per step t the action, behaviour logits, reward, terminated, done (terminated or truncated),
+    valid, the discounted return so far (the reward scaler's statistic), the return and length of an
+    episode that ended at t (NaN elsewhere); the LSTM state before x_0; who produced it (version of
+    its parameters, actor, sequence number)."""
     unroll_length = args.unroll_length
     num_envs = args.num_envs
     obs_shape = spec.observation_space.shape
@@ -445,13 +456,14 @@ def unroll_buffers(args: Args, spec, num_buffers: int, state_width: int) -> dict
 
 
 class ParameterStore:
-    """The learner's latest parameters in shared memory, double-buffered: version v lives in slot v % 2. A
-    sequence counter per slot (odd while it is written) lets actors copy without a lock, so an actor killed in
-    the middle of a copy cannot block anyone.
+    """The learner's latest parameters in shared memory, double-buffered: version v lives in slot v
+    % 2. A sequence counter per slot (odd while it is written) lets actors copy without a lock, so
+    an actor killed in the middle of a copy cannot block anyone.
 
-    The lock-free protocol relies on x86's memory ordering (stores become visible in program order, loads are not
-    reordered with other loads): a reader that sees the counter even and unchanged around its copy saw the whole
-    slot. On weakly ordered CPUs (ARM, POWER) it would need memory fences or a lock; no such machine was tested."""
+    The lock-free protocol relies on x86's memory ordering (stores become visible in program order,
+    loads are not reordered with other loads): a reader that sees the counter even and unchanged
+    around its copy saw the whole slot. On weakly ordered CPUs (ARM, POWER) it would need memory
+    fences or a lock; no such machine was tested."""
 
     def __init__(self, num_params: int):
         self.slots = torch.zeros(2, num_params).share_memory_()
@@ -468,7 +480,8 @@ class ParameterStore:
         self.version[0] = version
 
     def read(self, out: torch.Tensor, version: Optional[int] = None) -> int:
-        """Copy version `version` (None: the latest) into out; waits until it is published. Returns the version."""
+        """Copy version `version` (None: the latest) into out; waits until it is published. Returns
+        the version."""
         while True:
             wanted = int(self.version[0]) if version is None else version
             if wanted < 0 or int(self.version[0]) < wanted:
@@ -493,10 +506,11 @@ def load_flat(agent: nn.Module, flat: torch.Tensor) -> None:
 
 
 def actor_loop(actor: int, args: Args, spec, buffers: dict, store: ParameterStore, free_q, full_q, start_update: int):
-    """One actor: step an envpool batch with a local copy of the policy; fill a free buffer with an unroll, pass
-    its index to the learner through the full queue, repeat. Default mode: the latest parameters before every
-    unroll. Deterministic mode: the unrolls of round r (those the learner consumes in update r) use the
-    parameters of version r - 1, i.e. exactly one update old (the first round after a start uses the current)."""
+    """One actor: step an envpool batch with a local copy of the policy; fill a free buffer with an
+    unroll, pass its index to the learner through the full queue, repeat. Default mode: the latest
+    parameters before every unroll. Deterministic mode: the unrolls of round r (those the learner
+    consumes in update r) use the parameters of version r - 1, i.e. exactly one update old (the
+    first round after a start uses the current)."""
     # PR_SET_PDEATHSIG: die with the learner, whatever kills it; signals are the learner's to handle
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)
     for signal_number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
@@ -574,8 +588,8 @@ class ActorDied(RuntimeError):
 
 
 def start_actors(args: Args, spec, buffers: dict, store: ParameterStore, num_buffers: int, start_update: int):
-    """Fork the actor processes (before the learner computes anything) around bounded free/full index queues, every
-    buffer free. Returns (actors, free_q, full_q)."""
+    """Fork the actor processes (before the learner computes anything) around bounded free/full
+    index queues, every buffer free. Returns (actors, free_q, full_q)."""
     context = mp.get_context("fork")
     free_q = context.Queue(maxsize=num_buffers)
     full_q = context.Queue(maxsize=num_buffers)
@@ -591,9 +605,10 @@ def start_actors(args: Args, spec, buffers: dict, store: ParameterStore, num_buf
 
 
 def next_batch(args: Args, buffers: dict, free_q, full_q, actors: list, pending: dict, update: int, start_update: int):
-    """Indices of the unrolls for `update`, waiting on the full queue while watching the actors. Default mode:
-    the first unrolls_per_batch to arrive. Deterministic mode: round `update`'s unrolls in (sequence, actor) order;
-    unrolls of the next round that arrive early wait in `pending`."""
+    """Indices of the unrolls for `update`, waiting on the full queue while watching the actors.
+    Default mode: the first unrolls_per_batch to arrive. Deterministic mode: round `update`'s
+    unrolls in (sequence, actor) order; unrolls of the next round that arrive early wait in
+    `pending`."""
     unrolls_per_round = args.unrolls_per_batch // args.num_actors
     chosen = []
     while True:
@@ -622,9 +637,10 @@ def next_batch(args: Args, buffers: dict, free_q, full_q, actors: list, pending:
 
 
 def take_batch(buffers: dict, indices: list, free_q, device):
-    """Copy the unrolls out ([K, T, N] -> [T, K*N]) and hand their buffers straight back to the actors. Returns the
-    batch (on the device), the discounted returns (the reward scaler's statistic), the versions of the parameters
-    that produced the unrolls, and the (return, length) of the episodes that ended in them."""
+    """Copy the unrolls out ([K, T, N] -> [T, K*N]) and hand their buffers straight back to the
+    actors. Returns the batch (on the device), the discounted returns (the reward scaler's
+    statistic), the versions of the parameters that produced the unrolls, and the (return, length)
+    of the episodes that ended in them."""
     index = torch.tensor(indices)
     batch = {key: buffer[index].transpose(0, 1).flatten(1, 2) for key, buffer in buffers.items() if key != "meta"}
     versions = buffers["meta"][index][:, 0]
@@ -640,10 +656,11 @@ def take_batch(buffers: dict, indices: list, free_q, device):
 
 
 def learner_step(args: Args, agent: Agent, optimizer, flat: torch.Tensor, batch: dict, returns, stop: dict):
-    """One update: rewards scaled by the statistics before this batch, the V-trace loss and its gradient; one
-    all-reduce carries the gradients (averaged over ranks), the counters (steps, ranks asked to stop) and the
-    moments of this batch's discounted returns (summed), so that the reward scaler is the same on every rank; then
-    the clip and the optimizer's step. Returns the losses and the summed counters."""
+    """One update: rewards scaled by the statistics before this batch, the V-trace loss and its
+    gradient; one all-reduce carries the gradients (averaged over ranks), the counters (steps, ranks
+    asked to stop) and the moments of this batch's discounted returns (summed), so that the reward
+    scaler is the same on every rank; then the clip and the optimizer's step. Returns the losses and
+    the summed counters."""
     return_rms = agent.return_rms
     if return_rms is not None:
         batch["rewards"] = scale_rewards(batch["rewards"], return_rms, args.clip_reward)
@@ -678,7 +695,8 @@ def learning_rate(args: Args, update: int) -> float:
 
 
 def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device, video_dir: Optional[str] = None):
-    """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short episodes)."""
+    """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short
+    episodes)."""
     options = dict(episodic_life=False, reward_clip=False) if agent.image else {}
     envs = make_env(env_id, episodes, seed, **options)
     obs, _ = envs.reset()
@@ -714,7 +732,8 @@ def process_start_time() -> float:
 
 
 def new_progress() -> dict:
-    """Everything a resumed run continues from; every time in it is a whole-run figure (docs/conventions.md §1a)."""
+    """Everything a resumed run continues from; every time in it is a whole-run figure
+    (docs/conventions.md §1a)."""
     return {
         "update": 0,
         "global_step": 0,
@@ -728,13 +747,14 @@ def new_progress() -> dict:
 
 
 def new_stats() -> dict:
-    """This segment's learner figures: the policy lag of every update; the last update's wait for its batch, its
-    compute and its losses."""
+    """This segment's learner figures: the policy lag of every update; the last update's wait for
+    its batch, its compute and its losses."""
     return {"lags": [], "wait_s": 0.0, "learn_s": 0.0, "losses": torch.zeros(3)}
 
 
 def start_clock(progress: dict) -> float:
-    """Training starts now: add this segment's start-up (process start to now) to the whole-run times."""
+    """Training starts now: add this segment's start-up (process start to now) to the whole-run
+    times."""
     now = time.time()
     startup = now - process_start_time()
     progress["startup_s"] += startup
@@ -788,7 +808,8 @@ def learner_scalars(progress: dict, stats: dict, optimizer, full_q) -> dict:
 
 
 def print_progress(progress: dict, num_updates: int, last_print: float) -> float:
-    """A progress line at most every 2 s (and after the last update); returns when one was last printed."""
+    """A progress line at most every 2 s (and after the last update); returns when one was last
+    printed."""
     now = time.time()
     if now - last_print < 2.0 and progress["update"] < num_updates:
         return last_print
@@ -812,10 +833,10 @@ def save_checkpoint(path: str, payload: dict) -> None:
 
 
 def restore(args, model, optimizer, device, checkpoint_path: str) -> dict:
-    """A fresh progress dict, or with --resume and a checkpoint, the checkpoint's, with the model and the optimizer
-    loaded in place. Rank 0 reads the checkpoint and sends it to the other ranks (as DD-PPO), so nodes need no
-    shared disk; without one it sends its initial weights, since nodes with other math libraries could initialize
-    other bits."""
+    """A fresh progress dict, or with --resume and a checkpoint, the checkpoint's, with the model
+    and the optimizer loaded in place. Rank 0 reads the checkpoint and sends it to the other ranks
+    (as DD-PPO), so nodes need no shared disk; without one it sends its initial weights, since nodes
+    with other math libraries could initialize other bits."""
     progress = new_progress()
     checkpoint = None
     if args.resume and args.rank == 0 and os.path.exists(checkpoint_path):
@@ -840,7 +861,8 @@ def restore(args, model, optimizer, device, checkpoint_path: str) -> dict:
 
 
 def install_stop_handlers() -> dict:
-    """SIGTERM and SIGUSR1 (SLURM preemption) ask for a checkpoint at the end of the current update."""
+    """SIGTERM and SIGUSR1 (SLURM preemption) ask for a checkpoint at the end of the current
+    update."""
     stop = {"signal": 0}
     for signal_number in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(signal_number, lambda signum, frame: stop.update(signal=signum))
@@ -848,7 +870,8 @@ def install_stop_handlers() -> dict:
 
 
 def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
-    """TensorBoard (and wandb with --track); after a resume, points past the checkpoint's step are dropped."""
+    """TensorBoard (and wandb with --track); after a resume, points past the checkpoint's step are
+    dropped."""
     if args.track:
         import wandb
 
@@ -868,7 +891,8 @@ def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
 
 
 def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float, device, run_dir: str, stats: dict):
-    """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with --save-model, the weights."""
+    """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with
+    --save-model, the weights."""
     video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
     eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 10**6, device, video_dir)
     for episode, episode_return in enumerate(eval_returns):
@@ -912,14 +936,16 @@ def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float
 
 # ----------------------------------------------------------------------------------------------- distribution
 def available_cpus() -> int:
-    """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not the machine's
-    core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE). Linux, as /proc."""
+    """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not
+    the machine's core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE).
+    Linux, as /proc."""
     return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def default_num_actors(args: Args) -> int:
-    """--num-actors 0: one actor per available CPU. Deterministic mode needs every actor to fill the same share of
-    each batch, so there it takes the largest count up to that which divides the unrolls per batch."""
+    """--num-actors 0: one actor per available CPU. Deterministic mode needs every actor to fill the
+    same share of each batch, so there it takes the largest count up to that which divides the
+    unrolls per batch."""
     if args.num_actors:
         return args.num_actors
     cpus = available_cpus()
@@ -930,7 +956,8 @@ def default_num_actors(args: Args) -> int:
 
 
 def setup_distributed(args: Args):
-    """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE: join the group (gloo on CPU, NCCL on GPU). Alone: world size 1."""
+    """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE: join the group (gloo on CPU, NCCL on GPU). Alone:
+    world size 1."""
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
     args.rank = int(os.environ.get("RANK", "0"))
     args.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -944,8 +971,8 @@ def setup_distributed(args: Args):
 
 
 def seed_everything(args: Args, device) -> None:
-    """Threads and seeds (the same on every rank: identical initial weights); deterministic kernels on CUDA (the CPU
-    ones used here are deterministic already)."""
+    """Threads and seeds (the same on every rank: identical initial weights); deterministic kernels
+    on CUDA (the CPU ones used here are deterministic already)."""
     torch.set_num_threads(args.torch_threads or 1)
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -958,8 +985,8 @@ def seed_everything(args: Args, device) -> None:
 
 
 def finish_distributed(args: Args, exit_code: int) -> None:
-    """Leave the process group: together at a barrier, or at once after an error (a barrier would wait forever for
-    this rank's peers; torchrun stops them)."""
+    """Leave the process group: together at a barrier, or at once after an error (a barrier would
+    wait forever for this rank's peers; torchrun stops them)."""
     if args.world_size == 1:
         return
     if exit_code:

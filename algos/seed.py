@@ -1,11 +1,12 @@
 # docs: docs/seed.md | paper: https://arxiv.org/abs/1910.06591
 """SEED-style central inference (Espeholt et al., 2019), trained with IMPALA's V-trace.
 
-Actors hold no model: they step their envpool batches and exchange observations for actions with the learner
-process, where one inference thread batches the pending requests of all actors (run when every actor waits or
-after a short timeout), keeps the LSTM state of every env, and assembles the unrolls that the training thread
-consumes. Local actors talk through shared memory and pipes; under torchrun, rank 0 is the learner and every
-other rank is one remote actor that talks to it through torch.distributed send/recv.
+Actors hold no model: they step their envpool batches and exchange observations for actions with the
+learner process, where one inference thread batches the pending requests of all actors (run when
+every actor waits or after a short timeout), keeps the LSTM state of every env, and assembles the
+unrolls that the training thread consumes. Local actors talk through shared memory and pipes; under
+torchrun, rank 0 is the learner and every other rank is one remote actor that talks to it through
+torch.distributed send/recv.
 
   python algos/seed.py                                              # learner + one actor per core, CartPole-v1
   torchrun --standalone --nproc_per_node=3 algos/seed.py            # learner (+ local actors) and 2 remote actors
@@ -74,8 +75,9 @@ class Args:
     ent_coef: float = 0.02  # entropy bonus coefficient (0.02 rather than 0.01: see docs/seed.md, Defaults)
     vf_coef: float = 0.5  # baseline (value) loss coefficient
     norm_reward: tyro.conf.DisallowNone[Optional[bool]] = None
-    """divide rewards by the running std of the discounted return (default: on for vector observations; off for
-    images, whose rewards are clipped to [-1, 1] as in the paper; see docs/seed.md, Defaults)"""
+    """divide rewards by the running std of the discounted return (default: on for vector
+    observations; off for images, whose rewards are clipped to [-1, 1] as in the paper; see
+    docs/seed.md, Defaults)"""
     clip_reward: float = 10.0  # scaled rewards are clipped to [-clip_reward, clip_reward]
     max_grad_norm: float = 0.5  # global grad-norm clip (paper: 40 for summed losses; see docs)
     torch_threads: int = 0  # learner's torch threads, shared by its inference and training threads (0: 1)
@@ -149,7 +151,8 @@ def validate(args: Args) -> None:
 
 # ----------------------------------------------------------------------------------------------- environment
 def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, **kwargs):
-    """An envpool batch. Env i of the batch is seeded with seed + i. Atari gets DeepMind preprocessing."""
+    """An envpool batch. Env i of the batch is seeded with seed + i. Atari gets DeepMind
+    preprocessing."""
     extra = {}
     # Atari: 84x84 grey, 4 stacked, skip 4
     if len(envpool.make_spec(env_id).observation_space.shape) == 3:
@@ -167,8 +170,8 @@ def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, **kwar
 
 
 def env_seed(args: Args, actor: int, update: int) -> int:
-    """Seed of env 0 of `actor` (local actors first, then remote ranks) when actors start at `update`: distinct
-    for every env, actor and restart point."""
+    """Seed of env 0 of `actor` (local actors first, then remote ranks) when actors start at
+    `update`: distinct for every env, actor and restart point."""
     return args.seed + (update * args.total_actors + actor) * args.num_envs
 
 
@@ -200,8 +203,9 @@ class ResidualBlock(nn.Module):
 
 
 def resnet_torso(in_channels: int) -> nn.Module:
-    """The paper's deep network (Figure 3, right): three sections of conv 3x3, max-pool 3x3 stride 2 and two
-    residual blocks, with 16, 32, 32 channels; then ReLU and a 256-unit fully connected layer."""
+    """The paper's deep network (Figure 3, right): three sections of conv 3x3, max-pool 3x3 stride 2
+    and two residual blocks, with 16, 32, 32 channels; then ReLU and a 256-unit fully connected
+    layer."""
     layers = []
     channels = in_channels
     for out in (16, 32, 32):
@@ -216,7 +220,8 @@ def resnet_torso(in_channels: int) -> nn.Module:
 
 
 class RunningMeanStd(nn.Module):
-    """Mean, population variance and count (float64) of all data merged so far: buffers, so state_dict has them."""
+    """Mean, population variance and count (float64) of all data merged so far: buffers, so
+    state_dict has them."""
 
     def __init__(self, shape=()):
         super().__init__()
@@ -231,10 +236,11 @@ class RunningMeanStd(nn.Module):
 
 
 class Agent(nn.Module):
-    """Torso, optional LSTM core, policy-logit and baseline heads. Images: a shared Nature-CNN or residual torso
-    with linear heads (the paper's layout). Vectors: two 64-64 tanh MLPs as heads, policy and baseline apart
-    (docs/conventions.md). `forward` takes a time axis, [T, N, ...], so actors (T = 1) and the learner
-    (T = unroll + 1) share it. With norm_reward, `return_rms` holds the reward scaler's statistics."""
+    """Torso, optional LSTM core, policy-logit and baseline heads. Images: a shared Nature-CNN or
+    residual torso with linear heads (the paper's layout). Vectors: two 64-64 tanh MLPs as heads,
+    policy and baseline apart (docs/conventions.md). `forward` takes a time axis, [T, N, ...], so
+    actors (T = 1) and the learner (T = unroll + 1) share it. With norm_reward, `return_rms` holds
+    the reward scaler's statistics."""
 
     def __init__(
         self, obs_shape, num_actions: int, network: str = "auto", use_lstm: bool = False, norm_reward: bool = False
@@ -277,9 +283,9 @@ class Agent(nn.Module):
         return torch.zeros(2, n, self.core.hidden_size if self.core is not None else 0, device=device)
 
     def forward(self, obs: torch.Tensor, valid: torch.Tensor, state: torch.Tensor):
-        """obs [T, N, ...], valid [T, N] (0 on envpool's reset steps), state [2, N, H] -> logits [T, N, A],
-        values [T, N], state after the last step. The LSTM state is zeroed after a reset step, so every episode
-        starts from the zero state."""
+        """obs [T, N, ...], valid [T, N] (0 on envpool's reset steps), state [2, N, H] -> logits [T,
+        N, A], values [T, N], state after the last step. The LSTM state is zeroed after a reset
+        step, so every episode starts from the zero state."""
         T, N = obs.shape[:2]
         x = obs.reshape((T * N,) + obs.shape[2:]).float()
         h = self.torso(x / 255.0 if self.image else x)
@@ -321,8 +327,9 @@ def vtrace(
       v_s - V(x_s) = delta_s + gamma c_s (v_{s+1} - V(x_{s+1}))      (the trace is cut where an episode ends)
       A_s = rho_s (r_s + gamma_s v_{s+1} - V(x_s))
 
-    V(x_T) is bootstrap_value. A truncated step bootstraps from the value of the final observation, which envpool
-    returns as x_{t+1}. Steps with valid = 0 (envpool's reset step after an episode end) have v_s = V(x_s)."""
+    V(x_T) is bootstrap_value. A truncated step bootstraps from the value of the final observation,
+    which envpool returns as x_{t+1}. Steps with valid = 0 (envpool's reset step after an episode
+    end) have v_s = V(x_s)."""
     ratio = (target_logp - behaviour_logp).exp()
     rho = ratio.clamp(max=rho_bar)
     c = lam * ratio.clamp(max=c_bar)
@@ -341,8 +348,9 @@ def vtrace(
 
 
 def impala_loss(agent: Agent, batch: dict, args: Args):
-    """Policy gradient weighted by the V-trace advantages, baseline loss towards v_s, entropy bonus; means over
-    the valid steps of the batch. batch: obs [T+1, B, ...], the rest [T, B] (logits [T, B, A], state [2, B, H])."""
+    """Policy gradient weighted by the V-trace advantages, baseline loss towards v_s, entropy bonus;
+    means over the valid steps of the batch. batch: obs [T+1, B, ...], the rest [T, B] (logits [T,
+    B, A], state [2, B, H])."""
     T = batch["actions"].shape[0]
     valid_all = torch.cat([batch["valid"], torch.ones_like(batch["valid"][:1])])
     logits, values, _ = agent(batch["obs"], valid_all, batch["state"])
@@ -374,16 +382,18 @@ def impala_loss(agent: Agent, batch: dict, args: Args):
 
 
 def rms_moments(x, weight, shift):
-    """[sum w, sum w (x - shift), sum w (x - shift)^2] (per feature, flat, float64) of the rows of x [B, ...] with
-    weights w [B]. Moments of disjoint batches add up, so one all-reduce gives those of the union over ranks."""
+    """[sum w, sum w (x - shift), sum w (x - shift)^2] (per feature, flat, float64) of the rows of x
+    [B, ...] with weights w [B]. Moments of disjoint batches add up, so one all-reduce gives those
+    of the union over ranks."""
     x = x.reshape(weight.shape[0], -1).double() - shift.reshape(1, -1)
     w = weight.double().unsqueeze(-1)
     return torch.cat([w.sum().reshape(1), (w * x).sum(0), (w * x * x).sum(0)])
 
 
 def rms_merge(mean, var, count, moments):
-    """(mean, var, count) after merging a batch given by its moments around `mean`: Chan et al.'s parallel
-    variance update, written with f = n / (count + n) so that count 0 or an empty batch need no special case."""
+    """(mean, var, count) after merging a batch given by its moments around `mean`: Chan et al.'s
+    parallel variance update, written with f = n / (count + n) so that count 0 or an empty batch
+    need no special case."""
     d = mean.numel()
     n = moments[0]
     # batch mean - running mean
@@ -394,15 +404,16 @@ def rms_merge(mean, var, count, moments):
 
 
 def scale_rewards(rewards, return_rms: RunningMeanStd, clip: float):
-    """The reward scaler: rewards divided by the running std of the discounted return (the actors' `returns`),
-    clipped. The value targets then stay of order one whatever the discount, which an MLP baseline can track."""
+    """The reward scaler: rewards divided by the running std of the discounted return (the actors'
+    `returns`), clipped. The value targets then stay of order one whatever the discount, which an
+    MLP baseline can track."""
     return (rewards / torch.sqrt(return_rms.var + 1e-8)).clamp(-clip, clip)
 
 
 def flatten_parameters(agent: nn.Module) -> torch.Tensor:
-    """Make every parameter a view of one flat vector and every gradient a view of `flat.grad` (backward adds into
-    them in place), so that the all-reduce, the clip and the optimizer each act on one tensor. Call it after moving
-    the agent to its device. Returns the flat vector."""
+    """Make every parameter a view of one flat vector and every gradient a view of `flat.grad`
+    (backward adds into them in place), so that the all-reduce, the clip and the optimizer each act
+    on one tensor. Call it after moving the agent to its device. Returns the flat vector."""
     params = list(agent.parameters())
     flat = torch.cat([p.detach().reshape(-1) for p in params])
     flat.grad = torch.zeros_like(flat)
@@ -423,11 +434,12 @@ def make_optimizer(args: Args, flat: torch.Tensor) -> torch.optim.Optimizer:
 
 # ----------------------------------------------------------------------------------------------- roles
 def unroll_buffers(args: Args, spec, num_buffers: int, state_width: int) -> dict:
-    """Unroll buffers [K, ...] for K buffers, filled by the inference thread and read by the training thread (one
-    process: no shared memory): observations x_0..x_T, and per step t the action, behaviour logits, reward,
-    terminated, done (terminated or truncated), valid, the discounted return so far (the reward scaler's
-    statistic), the return and length of an episode that ended at t (NaN elsewhere); the LSTM state before x_0;
-    who produced it (version of the parameters at x_0, actor, sequence number)."""
+    """Unroll buffers [K, ...] for K buffers, filled by the inference thread and read by the
+    training thread (one process: no shared memory): observations x_0..x_T, and per step t the
+    action, behaviour logits, reward, terminated, done (terminated or truncated), valid, the
+    discounted return so far (the reward scaler's statistic), the return and length of an episode
+    that ended at t (NaN elsewhere); the LSTM state before x_0; who produced it (version of the
+    parameters at x_0, actor, sequence number)."""
     unroll_length = args.unroll_length
     num_envs = args.num_envs
     obs_shape = spec.observation_space.shape
@@ -445,9 +457,10 @@ def unroll_buffers(args: Args, spec, num_buffers: int, state_width: int) -> dict
 
 
 def actor_slots(args: Args, spec, num_actors: int) -> dict:
-    """One request/response slot per actor in shared memory: the observation, what the last step gave (reward,
-    terminated, done, discounted return so far, return and length of an episode that ended, NaN otherwise; the
-    actor's last wait), and the action the learner answers with (-1: stop)."""
+    """One request/response slot per actor in shared memory: the observation, what the last step
+    gave (reward, terminated, done, discounted return so far, return and length of an episode that
+    ended, NaN otherwise; the actor's last wait), and the action the learner answers with (-1:
+    stop)."""
     obs_shape = spec.observation_space.shape
     obs_dtype = torch.uint8 if len(obs_shape) == 3 else torch.float32
     return {
@@ -462,9 +475,10 @@ def flat_params(agent: nn.Module) -> torch.Tensor:
 
 
 def actor_loop(actor: int, args: Args, slots: dict, conn, group=None, start_update: int = 0) -> None:
-    """One actor, no model: write the observation (and what the last step gave) into its slot, ask the learner
-    for actions, step the envs. Local actors signal through a pipe (`conn`); a remote actor (rank > 0) sends its
-    slot to rank 0 and receives the actions through torch.distributed (`group`, a pair group with rank 0)."""
+    """One actor, no model: write the observation (and what the last step gave) into its slot, ask
+    the learner for actions, step the envs. Local actors signal through a pipe (`conn`); a remote
+    actor (rank > 0) sends its slot to rank 0 and receives the actions through torch.distributed
+    (`group`, a pair group with rank 0)."""
     if group is None:
         # a local actor process: die with the learner (PR_SET_PDEATHSIG), leave SIGINT to it
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)
@@ -516,8 +530,8 @@ def actor_loop(actor: int, args: Args, slots: dict, conn, group=None, start_upda
 
 
 def remote_bridge(actor: int, peer: int, group, slots: dict, conn, control: dict) -> None:
-    """Rank 0's stand-in for the remote actor on rank `peer`: receive its request into the actor's slot, pass it to
-    the inference thread like a local actor would, send the actions back."""
+    """Rank 0's stand-in for the remote actor on rank `peer`: receive its request into the actor's
+    slot, pass it to the inference thread like a local actor would, send the actions back."""
     try:
         while True:
             dist.recv(slots["obs"][actor], peer, group=group)
@@ -547,10 +561,10 @@ def inference_loop(
     device,
     generator,
 ) -> None:
-    """The learner's inference thread. Dynamic batching: wait for requests; run one batched forward pass when every
-    actor waits or inference_timeout_ms after the first request. The LSTM state of every env lives here. Each
-    answered request also extends that actor's unroll (extend_unroll); a finished unroll goes to the training
-    thread."""
+    """The learner's inference thread. Dynamic batching: wait for requests; run one batched forward
+    pass when every actor waits or inference_timeout_ms after the first request. The LSTM state of
+    every env lives here. Each answered request also extends that actor's unroll (extend_unroll); a
+    finished unroll goes to the training thread."""
     num_actors = len(conns)
     num_envs = args.num_envs
     state = agent.initial_state(num_actors * num_envs, device).view(2, num_actors, num_envs, -1)
@@ -612,10 +626,10 @@ def inference_loop(
 
 
 def extend_unroll(args: Args, buffers: dict, unrolls: dict, actor: int, answered: dict, free_q, full_q, control):
-    """Add one answered request of `actor` to its unroll: what its previous action gave, then this step (x_t, the
-    behaviour logits, the action, valid). A complete unroll goes to the training thread (its x_T is also x_0 of the
-    next one), which takes a free buffer, waiting for one: backpressure on every actor. Returns False when the
-    learner stopped meanwhile."""
+    """Add one answered request of `actor` to its unroll: what its previous action gave, then this
+    step (x_t, the behaviour logits, the action, valid). A complete unroll goes to the training
+    thread (its x_T is also x_0 of the next one), which takes a free buffer, waiting for one:
+    backpressure on every actor. Returns False when the learner stopped meanwhile."""
     k = unrolls["buffer"][actor]
     t = unrolls["t"][actor]
     if t > 0:
@@ -648,8 +662,9 @@ class ActorDied(RuntimeError):
 
 
 def start_actors(args: Args, slots: dict, start_update: int):
-    """Fork the local actor processes (before the learner computes anything), each with a pipe to the inference
-    thread; the pipes of the remote actors end in their bridges. Returns (actors, pipes)."""
+    """Fork the local actor processes (before the learner computes anything), each with a pipe to
+    the inference thread; the pipes of the remote actors end in their bridges. Returns (actors,
+    pipes)."""
     context = mp.get_context("fork")
     # (learner end, actor end)
     pipes = [context.Pipe() for _ in range(args.total_actors)]
@@ -663,7 +678,8 @@ def start_actors(args: Args, slots: dict, start_update: int):
 
 
 def start_bridges(args: Args, groups: dict, slots: dict, pipes: list, control: dict) -> list:
-    """Rank 0's threads standing in for the remote actors, one per rank > 0 (actor indices after the local ones)."""
+    """Rank 0's threads standing in for the remote actors, one per rank > 0 (actor indices after the
+    local ones)."""
     bridges = []
     for rank in range(1, args.world_size):
         actor = args.num_actors + rank - 1
@@ -675,8 +691,9 @@ def start_bridges(args: Args, groups: dict, slots: dict, pipes: list, control: d
 
 
 def start_inference(args: Args, agent: Agent, lock, slots, pipes, buffers, num_buffers, control, device, start_update):
-    """The inference thread, with bounded free/full index queues between it and the training thread, every buffer
-    free; it draws actions from a generator seeded as one more actor would be. Returns (inference, free_q, full_q)."""
+    """The inference thread, with bounded free/full index queues between it and the training thread,
+    every buffer free; it draws actions from a generator seeded as one more actor would be. Returns
+    (inference, free_q, full_q)."""
     free_q = queue.Queue(maxsize=num_buffers)
     full_q = queue.Queue(maxsize=num_buffers)
     for k in range(num_buffers):
@@ -690,8 +707,8 @@ def start_inference(args: Args, agent: Agent, lock, slots, pipes, buffers, num_b
 
 
 def next_batch(args: Args, full_q, actors: list, inference, control: dict) -> list:
-    """Indices of the first unrolls_per_batch unrolls that the inference thread completed, waiting on the full queue
-    while watching the actors, their links and the inference thread."""
+    """Indices of the first unrolls_per_batch unrolls that the inference thread completed, waiting
+    on the full queue while watching the actors, their links and the inference thread."""
     chosen = []
     while len(chosen) < args.unrolls_per_batch:
         try:
@@ -708,9 +725,10 @@ def next_batch(args: Args, full_q, actors: list, inference, control: dict) -> li
 
 
 def take_batch(buffers: dict, indices: list, free_q, device):
-    """Copy the unrolls out ([K, T, N] -> [T, K*N]) and hand their buffers straight back to inference. Returns the
-    batch (on the device), the discounted returns (the reward scaler's statistic), the versions of the parameters
-    that produced the unrolls, and the (return, length) of the episodes that ended in them."""
+    """Copy the unrolls out ([K, T, N] -> [T, K*N]) and hand their buffers straight back to
+    inference. Returns the batch (on the device), the discounted returns (the reward scaler's
+    statistic), the versions of the parameters that produced the unrolls, and the (return, length)
+    of the episodes that ended in them."""
     index = torch.tensor(indices)
     batch = {key: buffer[index].transpose(0, 1).flatten(1, 2) for key, buffer in buffers.items() if key != "meta"}
     versions = buffers["meta"][index][:, 0]
@@ -726,10 +744,10 @@ def take_batch(buffers: dict, indices: list, free_q, device):
 
 
 def learner_step(args: Args, agent: Agent, optimizer, flat: torch.Tensor, batch: dict, returns, lock, control, version):
-    """One update: rewards scaled by the statistics before this batch, the V-trace loss and its gradient, then this
-    batch's discounted returns merged into the reward scaler; the clip, and the optimizer's step under the lock that
-    the inference thread holds for its forward pass, so that it never acts with half-updated parameters and knows
-    them as `version`. Returns the losses."""
+    """One update: rewards scaled by the statistics before this batch, the V-trace loss and its
+    gradient, then this batch's discounted returns merged into the reward scaler; the clip, and the
+    optimizer's step under the lock that the inference thread holds for its forward pass, so that it
+    never acts with half-updated parameters and knows them as `version`. Returns the losses."""
     return_rms = agent.return_rms
     if return_rms is not None:
         batch["rewards"] = scale_rewards(batch["rewards"], return_rms, args.clip_reward)
@@ -755,7 +773,8 @@ def learning_rate(args: Args, update: int) -> float:
 
 
 def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device, video_dir: Optional[str] = None):
-    """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short episodes)."""
+    """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short
+    episodes)."""
     options = dict(episodic_life=False, reward_clip=False) if agent.image else {}
     envs = make_env(env_id, episodes, seed, **options)
     obs, _ = envs.reset()
@@ -791,7 +810,8 @@ def process_start_time() -> float:
 
 
 def new_progress() -> dict:
-    """Everything a resumed run continues from; every time in it is a whole-run figure (docs/conventions.md §1a)."""
+    """Everything a resumed run continues from; every time in it is a whole-run figure
+    (docs/conventions.md §1a)."""
     return {
         "update": 0,
         "global_step": 0,
@@ -805,9 +825,9 @@ def new_progress() -> dict:
 
 
 def new_stats() -> dict:
-    """This segment's learner figures: the policy lag of every update; the last update's wait for its batch, its
-    compute, its losses and the means of the inference thread's figures since the update before (empty when it ran
-    no batch); those means of every update."""
+    """This segment's learner figures: the policy lag of every update; the last update's wait for
+    its batch, its compute, its losses and the means of the inference thread's figures since the
+    update before (empty when it ran no batch); those means of every update."""
     return {
         "lags": [],
         "wait_s": 0.0,
@@ -819,7 +839,8 @@ def new_stats() -> dict:
 
 
 def take_inference_stats(control: dict, stats: dict) -> None:
-    """The inference thread's figures since the last update (batch size, latency, the actors' waits), as means."""
+    """The inference thread's figures since the last update (batch size, latency, the actors'
+    waits), as means."""
     since = control["stats"]
     control["stats"] = {key: [] for key in since}
     stats["inference"] = {key: float(np.mean(values)) for key, values in since.items() if values}
@@ -828,7 +849,8 @@ def take_inference_stats(control: dict, stats: dict) -> None:
 
 
 def start_clock(progress: dict) -> float:
-    """Training starts now: add this segment's start-up (process start to now) to the whole-run times."""
+    """Training starts now: add this segment's start-up (process start to now) to the whole-run
+    times."""
     now = time.time()
     startup = now - process_start_time()
     progress["startup_s"] += startup
@@ -883,7 +905,8 @@ def learner_scalars(progress: dict, stats: dict, optimizer, full_q) -> dict:
 
 
 def print_progress(progress: dict, num_updates: int, last_print: float) -> float:
-    """A progress line at most every 2 s (and after the last update); returns when one was last printed."""
+    """A progress line at most every 2 s (and after the last update); returns when one was last
+    printed."""
     now = time.time()
     if now - last_print < 2.0 and progress["update"] < num_updates:
         return last_print
@@ -907,8 +930,9 @@ def save_checkpoint(path: str, payload: dict) -> None:
 
 
 def restore(args, model, optimizer, device, checkpoint_path: str) -> dict:
-    """A fresh progress dict, or with --resume and a checkpoint, the checkpoint's, with the model and the optimizer
-    loaded in place. (Rank 0 only: the remote actors hold no model; agree_on_start gives them the restart point.)"""
+    """A fresh progress dict, or with --resume and a checkpoint, the checkpoint's, with the model
+    and the optimizer loaded in place. (Rank 0 only: the remote actors hold no model; agree_on_start
+    gives them the restart point.)"""
     progress = new_progress()
     if not (args.resume and os.path.exists(checkpoint_path)):
         return progress
@@ -933,7 +957,8 @@ def announce_stop(progress: dict, checkpoint_path: str) -> None:
 
 
 def install_stop_handlers() -> dict:
-    """SIGTERM and SIGUSR1 (SLURM preemption) ask for a checkpoint at the end of the current update."""
+    """SIGTERM and SIGUSR1 (SLURM preemption) ask for a checkpoint at the end of the current
+    update."""
     stop = {"signal": 0}
     for signal_number in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(signal_number, lambda signum, frame: stop.update(signal=signum))
@@ -941,7 +966,8 @@ def install_stop_handlers() -> dict:
 
 
 def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
-    """TensorBoard (and wandb with --track); after a resume, points past the checkpoint's step are dropped."""
+    """TensorBoard (and wandb with --track); after a resume, points past the checkpoint's step are
+    dropped."""
     if args.track:
         import wandb
 
@@ -969,7 +995,8 @@ def close_writer(args: Args, writer: SummaryWriter) -> None:
 
 
 def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float, device, run_dir: str, stats: dict):
-    """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with --save-model, the weights."""
+    """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with
+    --save-model, the weights."""
     video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
     eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 10**6, device, video_dir)
     for episode, episode_return in enumerate(eval_returns):
@@ -1013,8 +1040,9 @@ def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float
 
 # ----------------------------------------------------------------------------------------------- distribution
 def available_cpus() -> int:
-    """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not the machine's
-    core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE). Linux, as /proc."""
+    """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not
+    the machine's core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE).
+    Linux, as /proc."""
     return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
@@ -1024,8 +1052,9 @@ def default_num_actors(args: Args) -> int:
 
 
 def setup_distributed(args: Args):
-    """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE. Rank 0 is the learner; rank r > 0 is a remote actor linked to it
-    by a gloo pair group (CPU tensors; inference may still run on the learner's GPU). Alone: world size 1."""
+    """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE. Rank 0 is the learner; rank r > 0 is a remote actor
+    linked to it by a gloo pair group (CPU tensors; inference may still run on the learner's GPU).
+    Alone: world size 1."""
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
     args.rank = int(os.environ.get("RANK", "0"))
     args.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -1042,7 +1071,8 @@ def setup_distributed(args: Args):
 
 
 def agree_on_start(args: Args, update: int) -> int:
-    """The learner's restart point (`update` on rank 0), sent to the remote actors, whose env seeds depend on it."""
+    """The learner's restart point (`update` on rank 0), sent to the remote actors, whose env seeds
+    depend on it."""
     start = torch.tensor([update])
     if args.resume and args.world_size > 1:
         dist.broadcast(start, 0)
@@ -1050,8 +1080,8 @@ def agree_on_start(args: Args, update: int) -> int:
 
 
 def seed_everything(args: Args, device) -> None:
-    """Threads and seeds (the same on every rank: identical initial weights); deterministic kernels on CUDA (the CPU
-    ones used here are deterministic already)."""
+    """Threads and seeds (the same on every rank: identical initial weights); deterministic kernels
+    on CUDA (the CPU ones used here are deterministic already)."""
     torch.set_num_threads(args.torch_threads or 1)
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -1064,7 +1094,8 @@ def seed_everything(args: Args, device) -> None:
 
 
 def stop_remote_actors(args: Args, slots: dict, pipes: list, bridges: list, control: dict) -> None:
-    """Answer each remote actor's next request with "stop" and wait (30 s at most) until its bridge has sent it."""
+    """Answer each remote actor's next request with "stop" and wait (30 s at most) until its bridge
+    has sent it."""
     slots["actions"][args.num_actors :] = -1
     for actor, bridge in enumerate(bridges, start=args.num_actors):
         conn = pipes[actor][0]
@@ -1088,8 +1119,8 @@ def stop_remote_actors(args: Args, slots: dict, pipes: list, bridges: list, cont
 
 
 def finish_distributed(args: Args, exit_code: int) -> None:
-    """Leave the process group: together at a barrier, or at once after an error (a barrier would wait forever for
-    this rank's peers; torchrun stops them)."""
+    """Leave the process group: together at a barrier, or at once after an error (a barrier would
+    wait forever for this rank's peers; torchrun stops them)."""
     if args.world_size == 1:
         return
     if exit_code:
