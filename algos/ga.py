@@ -362,8 +362,10 @@ def evaluate(args: Args, policy: Policy, theta: torch.Tensor) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------------- bookkeeping
+@functools.cache
 def process_start_time() -> float:
-    """When this process started (Linux /proc), so that startup_s also counts the imports."""
+    """When this process started (Linux /proc), so that startup_s also counts the imports. Cached:
+    spawn_workers reads it before forking, so the workers report the launcher's start, not the fork."""
     with open("/proc/self/stat") as stat:
         start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
     with open("/proc/uptime") as uptime:
@@ -634,6 +636,8 @@ def spawn_workers(args: Args, stop: dict) -> int:
     workers = []
     for signal_number in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(signal_number, functools.partial(forward_signal, stop, workers))
+    # the workers inherit the cached start of this process (a forked process starts at the fork)
+    process_start_time()
     context = mp.start_processes(
         worker_entry,
         args=(args, args.num_workers, os.getpid(), stop),
