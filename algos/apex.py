@@ -62,10 +62,10 @@ class Args:
     adam_eps: float = 1e-5  # Adam's epsilon
     batch_size: int = 256  # transitions per learner update (paper: 512)
     buffer_size: int = 400_000  # replay capacity in transitions; the oldest are evicted first (paper: 2M)
-    gamma: float = 0.99  # discount factor
+    gamma: float = 0.995  # discount factor (paper: 0.99; see docs/apex.md)
     n_step: int = 3  # n of the n-step returns (paper: 3)
     alpha: float = 0.6  # priority exponent: P(i) = p_i^alpha / sum_k p_k^alpha (paper: 0.6)
-    beta: float = 0.4  # importance-sampling exponent at the start, annealed linearly to 1 (paper: 0.4, kept)
+    beta: float = 0.4  # importance-sampling exponent of the weights w_i = (N P(i))^-beta / max_j w_j (paper: 0.4)
     priority_eps: float = 1e-6  # added to |delta| so that no transition has priority 0
     epsilon: float = 0.4  # epsilon_i = epsilon^(1 + epsilon_alpha i / (N - 1)) over the N environments (paper: 0.4)
     epsilon_alpha: float = 7.0  # the exponent's spread alpha of the epsilon_i schedule (paper: 7)
@@ -799,13 +799,12 @@ def updates_due(args: Args, progress: dict, replay, segment_start: dict) -> bool
 
 
 def learner_step(args: Args, q_net, target_net, optimizer, flat, replay, rng, progress: dict, stats: dict) -> None:
-    """One learner update: a prioritized batch (beta annealed linearly to 1), the weighted double-Q
-    Huber loss, the gradient clipped to max_grad_norm, Adam (learning rate annealed linearly to 0),
-    the batch's new priorities; every target_network_frequency updates the target network copies the
-    online one."""
+    """One learner update: a prioritized batch (importance weights with the constant exponent beta),
+    the weighted double-Q Huber loss, the gradient clipped to max_grad_norm, Adam (learning rate
+    annealed linearly to 0), the batch's new priorities; every target_network_frequency updates the
+    target network copies the online one."""
     sample_start = time.time()
-    beta = args.beta + (1.0 - args.beta) * min(1.0, progress["global_step"] / args.total_timesteps)
-    indices, batch, weights = replay.sample(args.batch_size, beta, rng)
+    indices, batch, weights = replay.sample(args.batch_size, args.beta, rng)
     learn_start = time.time()
     loss, abs_td = apex_loss(q_net, target_net, batch, weights)
     # zeroed in place: the parameters' gradients are views of flat.grad
