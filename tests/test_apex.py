@@ -205,6 +205,29 @@ def test_importance_weights_match_reference():
     assert np.all(slice_of <= np.arange(32)) and np.all(np.floor(cdf[idx + 1] * 32 - 1e-9) >= np.arange(32))
 
 
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
+def test_learner_samples_with_the_papers_constant_beta(fraction):
+    """The Ape-X paper keeps the importance-sampling exponent at 0.4 throughout (no annealing to 1): the learner
+    asks the replay for weights with --beta at any point of the run."""
+    fields = {key: torch.zeros(()) for key in ("returns", "discounts")}
+    fields.update(obs=torch.zeros(4), next_obs=torch.zeros(4), actions=torch.zeros((), dtype=torch.long))
+    replay = apex.PrioritizedReplay(64, fields, 0.6, 1e-6, torch.device("cpu"))
+    replay.add({key: torch.rand((40,) + value.shape).to(value.dtype) for key, value in fields.items()}, torch.rand(40))
+    asked = []
+    sample = replay.sample
+    replay.sample = lambda batch_size, beta, rng: asked.append(beta) or sample(batch_size, beta, rng)
+    args = apex.Args(batch_size=8, total_timesteps=1000)
+    q_net, target_net = apex.QNetwork((4,), 2), apex.QNetwork((4,), 2)
+    flat = apex.flatten_parameters(q_net)
+    optimizer = torch.optim.Adam([flat], lr=1e-3)
+    progress = apex.new_progress()
+    progress["global_step"] = int(fraction * args.total_timesteps)
+    apex.learner_step(
+        args, q_net, target_net, optimizer, flat, replay, np.random.default_rng(0), progress, apex.new_stats(progress)
+    )
+    assert asked == [args.beta] == [0.4]
+
+
 def test_replay_takes_an_empty_block_and_clamps_at_the_total():
     """A block whose windows all start on reset steps adds nothing; a draw at the very top of the total priority
     (where float sums can overshoot the written leaves) still lands on a written transition."""
