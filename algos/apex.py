@@ -29,6 +29,7 @@ from typing import Literal, Optional
 
 import envpool
 import gymnasium as gym
+import imageio
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -48,7 +49,7 @@ class Args:
     track: bool = False  # log to Weights & Biases as well as TensorBoard
     wandb_project_name: str = "distrl"  # the wandb project name
     wandb_entity: Optional[str] = None  # the wandb entity (team)
-    capture_video: bool = False  # kept for scripts that pass it to every file; Ape-X saves no frames
+    capture_video: bool = False  # write the first evaluation episode as runs/<run_name>/videos/eval_episode0.mp4
     save_model: bool = False  # write the final weights (state_dict) to runs/<run_name>/model.pt
     env_id: str = "CartPole-v1"  # the envpool environment id
     total_timesteps: int = 400_000  # total environment steps taken by all actors
@@ -156,6 +157,10 @@ def validate(args: Args) -> None:
         fail("num_buffers", f"{args.num_buffers} is too few: every actor needs two")
     if args.env_id not in envpool.list_all_envs():
         fail("env_id", f"'{args.env_id}' is not an envpool environment")
+    env_family = envpool.registration.registry.specs[args.env_id][0]
+    if args.capture_video and env_family not in ("envpool.atari", "envpool.classic_control"):
+        # envpool renders MuJoCo through a GPU context: without one, its render() ends the process
+        fail("capture_video", f"'{args.env_id}' is not Atari or classic control, the envs recorded here")
     spec = envpool.make_spec(args.env_id)
     obs_space = spec.observation_space
     act_space = spec.action_space
@@ -187,6 +192,13 @@ def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, **kwar
         thread_affinity_offset=-1,
         **options,
     )
+
+
+def open_video(video_dir: str):
+    """An MP4 writer for evaluation episode 0: envpool renders the frames and imageio-ffmpeg's own binary
+    encodes them as they come, so no episode is held in memory."""
+    os.makedirs(video_dir, exist_ok=True)
+    return imageio.get_writer(os.path.join(video_dir, "eval_episode0.mp4"), fps=30, macro_block_size=1)
 
 
 def observe(obs: np.ndarray, mask_velocity: bool) -> np.ndarray:
@@ -839,20 +851,34 @@ def publish(args: Args, q_net, store: ParameterStore, progress: dict, stats: dic
     stats["versions"].pop(version - 100 * args.num_buffers, None)
 
 
-def evaluate(net: QNetwork, env_id: str, episodes: int, seed: int, device, mask_velocity: bool = False):
+def evaluate(
+    net: QNetwork,
+    env_id: str,
+    episodes: int,
+    seed: int,
+    device,
+    mask_velocity: bool = False,
+    video_dir: Optional[str] = None,
+):
     """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short
-    episodes)."""
+    episodes). With video_dir, episode 0 is also written there as an MP4."""
     options = dict(episodic_life=False, reward_clip=False) if net.image else {}
-    envs = make_env(env_id, episodes, seed, **options)
+    render_mode = "rgb_array" if video_dir is not None else None
+    envs = make_env(env_id, episodes, seed, render_mode=render_mode, **options)
+    video = open_video(video_dir) if video_dir is not None else None
     obs, _ = envs.reset()
     returns = np.zeros(episodes)
     done = np.zeros(episodes, dtype=bool)
     while not done.all():
+        if video is not None and not done[0]:
+            video.append_data(envs.render()[0])
         with torch.no_grad():
             action = net(torch.as_tensor(observe(obs, mask_velocity), device=device)).argmax(-1).cpu().numpy()
         obs, reward, term, trunc, info = envs.step(action)
         returns += info.get("reward", reward) * ~done
         done |= (info["terminated"].astype(bool) if "terminated" in info else term) | trunc
+    if video is not None:
+        video.close()
     envs.close()
     return returns
 
@@ -1055,7 +1081,10 @@ def close_writer(args: Args, writer: SummaryWriter) -> None:
 def write_summary(args, q_net, writer, progress: dict, clock: float, device, run_dir: str, stats: dict, replay):
     """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with
     --save-model, the weights."""
-    eval_returns = evaluate(q_net, args.env_id, args.eval_episodes, args.seed + 10**6, device, args.mask_velocity)
+    video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
+    eval_returns = evaluate(
+        q_net, args.env_id, args.eval_episodes, args.seed + 10**6, device, args.mask_velocity, video_dir
+    )
     for episode, episode_return in enumerate(eval_returns):
         writer.add_scalar("eval/episodic_return", episode_return, episode)
     # the evaluation counts in wall time only

@@ -28,6 +28,7 @@ from typing import Optional, Tuple
 
 import envpool
 import gymnasium as gym
+import imageio
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -46,7 +47,7 @@ class Args:
     track: bool = False  # log to Weights & Biases as well as TensorBoard
     wandb_project_name: str = "distrl"  # the wandb project name
     wandb_entity: Optional[str] = None  # the wandb entity (team)
-    capture_video: bool = False  # not supported (ES here runs vector-observation tasks); kept for the common block
+    capture_video: bool = False  # write the first evaluation episode as runs/<run_name>/videos/eval_episode0.mp4
     save_model: bool = False  # write the final theta and observation statistics to runs/<run_name>/model.pt
     env_id: str = "CartPole-v1"  # the envpool environment id (vector observations: classic control, MuJoCo)
     total_timesteps: int = 300_000  # environment steps over all workers (ends after the generation that exceeds it)
@@ -107,10 +108,12 @@ def validate(args: Args) -> None:
         fail("hidden_sizes", f"must be positive, got {args.hidden_sizes}")
     if args.num_workers > 1 and "WORLD_SIZE" in os.environ:
         fail("num_workers", "under torchrun every rank is a worker; leave --num-workers at 1")
-    if args.capture_video:
-        fail("capture_video", "not supported by ES here (vector-observation tasks only)")
     if args.env_id not in envpool.list_all_envs():
         fail("env_id", f"'{args.env_id}' is not an envpool environment")
+    env_family = envpool.registration.registry.specs[args.env_id][0]
+    if args.capture_video and env_family not in ("envpool.atari", "envpool.classic_control"):
+        # envpool renders MuJoCo through a GPU context: without one, its render() ends the process
+        fail("capture_video", f"'{args.env_id}' is not Atari or classic control, the envs recorded here")
     spec = envpool.make_spec(args.env_id)
     obs_space = spec.observation_space
     act_space = spec.action_space
@@ -135,6 +138,13 @@ def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, **kwar
         thread_affinity_offset=-1,
         **kwargs,
     )
+
+
+def open_video(video_dir: str):
+    """An MP4 writer for evaluation episode 0: envpool renders the frames and imageio-ffmpeg's own binary
+    encodes them as they come, so no episode is held in memory."""
+    os.makedirs(video_dir, exist_ok=True)
+    return imageio.get_writer(os.path.join(video_dir, "eval_episode0.mp4"), fps=30, macro_block_size=1)
 
 
 def env_seed(args: Args, generation: int, member: int) -> int:
@@ -250,7 +260,14 @@ def obs_mean_std(obstat: torch.Tensor, dim: int):
 
 # ----------------------------------------------------------------------------------------------- roles
 def rollout_population(
-    policy: Policy, params: torch.Tensor, env_id: str, seed: int, normalizer, cap: int, num_threads: int = 1
+    policy: Policy,
+    params: torch.Tensor,
+    env_id: str,
+    seed: int,
+    normalizer,
+    cap: int,
+    num_threads: int = 1,
+    video_dir: Optional[str] = None,
 ):
     """One episode per row of params [P, num_params], all P at once: one envpool batch (env i seeded
     seed + i), one batched forward pass per step. `normalizer` is (mean, std, clip) for the
@@ -259,7 +276,9 @@ def rollout_population(
     its own episode."""
     mean, std, clip = normalizer
     num_episodes = params.shape[0]
-    envs = make_env(env_id, num_episodes, seed, num_threads)
+    render_mode = "rgb_array" if video_dir is not None else None
+    envs = make_env(env_id, num_episodes, seed, num_threads, render_mode=render_mode)
+    video = open_video(video_dir) if video_dir is not None else None
     obs, _ = envs.reset()
     obs_dim = obs.shape[1]
     alive = np.ones(num_episodes, dtype=bool)
@@ -267,6 +286,8 @@ def rollout_population(
     lengths = np.zeros(num_episodes, dtype=np.int64)
     stats = torch.zeros(num_episodes, 2 * obs_dim + 1, dtype=torch.float64)
     for _ in range(cap):
+        if video is not None and alive[0]:
+            video.append_data(envs.render()[0])
         obs_tensor = torch.as_tensor(obs)
         live = torch.as_tensor(alive, dtype=torch.float64).unsqueeze(-1)
         obs64 = obs_tensor.double() * live
@@ -285,6 +306,8 @@ def rollout_population(
         alive[info["env_id"]] = ~(terminated | truncated)
         if not alive.any():
             break
+    if video is not None:
+        video.close()
     envs.close()
     return returns, lengths, stats
 
@@ -362,15 +385,17 @@ def agree_to_stop(args: Args, stop: dict, rollout_time: float) -> tuple:
     return bool(counters[0] > 0), float(counters[1]) / args.world_size
 
 
-def evaluate(args: Args, policy: Policy, theta: torch.Tensor, obstat: torch.Tensor) -> np.ndarray:
+def evaluate(
+    args: Args, policy: Policy, theta: torch.Tensor, obstat: torch.Tensor, video_dir: Optional[str]
+) -> np.ndarray:
     """The final policy, theta without noise, for eval_episodes episodes (env seeds
-    seed + 10**6 + i)."""
+    seed + 10**6 + i); with video_dir, episode 0 is also written there as an MP4."""
     obs_dim = (obstat.numel() - 1) // 2
     params = theta.expand(args.eval_episodes, theta.numel())
     max_steps = envpool.make_spec(args.env_id).config.max_episode_steps
     norm = normalizer(args, obstat, obs_dim)
     returns, _, _ = rollout_population(
-        policy, params, args.env_id, args.seed + 10**6, norm, max_steps, args.env_threads
+        policy, params, args.env_id, args.seed + 10**6, norm, max_steps, args.env_threads, video_dir
     )
     return returns
 
@@ -548,7 +573,8 @@ def generation_scalars(args: Args, progress: dict, returns: np.ndarray, stats: d
 def write_summary(args, policy, theta, obstat, writer, progress: dict, clock: float, run_dir, stats: dict):
     """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with
     --save-model, the weights."""
-    eval_returns = evaluate(args, policy, theta, obstat)
+    video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
+    eval_returns = evaluate(args, policy, theta, obstat, video_dir)
     for episode, episode_return in enumerate(eval_returns):
         writer.add_scalar("eval/episodic_return", episode_return, episode)
     # the evaluation counts in wall time only

@@ -30,6 +30,7 @@ from typing import Literal, Optional, Tuple
 
 import envpool
 import gymnasium as gym
+import imageio
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -48,7 +49,7 @@ class Args:
     track: bool = False  # log to Weights & Biases as well as TensorBoard
     wandb_project_name: str = "distrl"  # the wandb project name
     wandb_entity: Optional[str] = None  # the wandb entity (team)
-    capture_video: bool = False  # not supported (vector-observation tasks only); kept for the common block
+    capture_video: bool = False  # write the first evaluation episode as runs/<run_name>/videos/eval_episode0.mp4
     save_model: bool = False  # write the final theta to runs/<run_name>/model.pt
     env_id: str = "CartPole-v1"  # the envpool environment id (vector observations: classic control, MuJoCo)
     total_timesteps: int = 1_500_000  # environment steps over all clients and the server (ends after that round)
@@ -121,11 +122,12 @@ def validate(args: Args) -> None:
     processes = int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else args.num_workers
     if "WORLD_SIZE" in os.environ and args.num_workers > 1 or processes > args.num_clients:
         fail("num_workers", f"{processes} processes for {args.num_clients} clients (under torchrun: leave it at 0)")
-    # kept in Args for the common block
-    if args.capture_video:
-        fail("capture_video", "not supported here (vector-observation tasks only)")
     if args.env_id not in envpool.list_all_envs():
         fail("env_id", f"'{args.env_id}' is not an envpool environment")
+    env_family = envpool.registration.registry.specs[args.env_id][0]
+    if args.capture_video and env_family not in ("envpool.atari", "envpool.classic_control"):
+        # envpool renders MuJoCo through a GPU context: without one, its render() ends the process
+        fail("capture_video", f"'{args.env_id}' is not Atari or classic control, the envs recorded here")
     spec = envpool.make_spec(args.env_id)
     obs_space = spec.observation_space
     action_space = spec.action_space
@@ -136,7 +138,14 @@ def validate(args: Args) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- environment
-def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, pole_scale: Optional[float] = None):
+def make_env(
+    env_id: str,
+    num_envs: int,
+    seed: int,
+    num_threads: int = 1,
+    pole_scale: Optional[float] = None,
+    render_mode: Optional[str] = None,
+):
     """`num_envs` envs: envpool's (env i seeded with seed + i), or (pole_scale given) gymnasium's
     vectorized CartPole with a scaled pole (one generator seeded with seed draws every start state),
     since envpool's classic-control physics is fixed. Both autoreset on the next step."""
@@ -156,7 +165,15 @@ def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, pole_s
         seed=seed,
         num_threads=num_threads,
         thread_affinity_offset=-1,
+        render_mode=render_mode,
     )
+
+
+def open_video(video_dir: str):
+    """An MP4 writer for evaluation episode 0: envpool renders the frames and imageio-ffmpeg's own binary
+    encodes them as they come, so no episode is held in memory."""
+    os.makedirs(video_dir, exist_ok=True)
+    return imageio.get_writer(os.path.join(video_dir, "eval_episode0.mp4"), fps=30, macro_block_size=1)
 
 
 def pole_scale(args: Args, client: int) -> Optional[float]:
@@ -373,15 +390,20 @@ def learning_rate(args: Args, progress: dict) -> float:
     return args.learning_rate
 
 
-def sample_trajectories(policy: Policy, theta, envs, num: int, max_steps: int, generator=None, mode="sample"):
+def sample_trajectories(
+    policy: Policy, theta, envs, num: int, max_steps: int, generator=None, mode="sample", video=None
+):
     """One trajectory from a fresh reset in each of the `num` envs, stepped together (one batched
     forward pass per step) until every first episode has ended; later steps (envpool's reset step,
     the next episode) are masked out (valid = 0). Actions: sampled, greedy, or uniformly random (the
-    random-action attack). Returns obs, actions, rewards, valid along time [T, num, ...]."""
+    random-action attack). With a video writer, env 0's frames go to it. Returns obs, actions,
+    rewards, valid along time [T, num, ...]."""
     obs, _ = envs.reset()
     alive = np.ones(num, dtype=bool)
     trajectories = {"obs": [], "actions": [], "rewards": [], "valid": []}
     for _ in range(max_steps):
+        if video is not None and alive[0]:
+            video.append_data(envs.render()[0])
         obs = torch.as_tensor(obs, dtype=torch.float32)
         with torch.no_grad():
             if mode == "random" and policy.continuous:
@@ -539,11 +561,17 @@ def collect_updates(args: Args, policy: Policy, theta, eta: float, round_: int, 
     return rows
 
 
-def evaluate(policy: Policy, theta, env_id: str, episodes: int, seed: int, max_steps: int):
+def evaluate(
+    policy: Policy, theta, env_id: str, episodes: int, seed: int, max_steps: int, video_dir: Optional[str] = None
+):
     """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short
-    episodes)."""
-    envs = make_env(env_id, episodes, seed)
-    batch = sample_trajectories(policy, theta, envs, episodes, max_steps, mode="greedy")
+    episodes). With video_dir, episode 0 is also written there as an MP4."""
+    render_mode = "rgb_array" if video_dir is not None else None
+    envs = make_env(env_id, episodes, seed, render_mode=render_mode)
+    video = open_video(video_dir) if video_dir is not None else None
+    batch = sample_trajectories(policy, theta, envs, episodes, max_steps, mode="greedy", video=video)
+    if video is not None:
+        video.close()
     return (batch["rewards"] * batch["valid"]).sum(0).numpy()
 
 
@@ -781,7 +809,8 @@ def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
 def write_summary(args, policy, theta, writer, progress: dict, clock: float, run_dir, stats: dict, max_steps: int):
     """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with
     --save-model, theta."""
-    eval_returns = evaluate(policy, theta, args.env_id, args.eval_episodes, args.seed + 10**6, max_steps)
+    video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
+    eval_returns = evaluate(policy, theta, args.env_id, args.eval_episodes, args.seed + 10**6, max_steps, video_dir)
     for episode, episode_return in enumerate(eval_returns):
         writer.add_scalar("eval/episodic_return", episode_return, episode)
     # the evaluation counts in wall time only

@@ -31,6 +31,7 @@ from typing import Literal, Optional
 
 import envpool
 import gymnasium as gym
+import imageio
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -50,7 +51,7 @@ class Args:
     track: bool = False  # log to Weights & Biases as well as TensorBoard
     wandb_project_name: str = "distrl"  # the wandb project name
     wandb_entity: Optional[str] = None  # the wandb entity (team)
-    capture_video: bool = False  # save the first evaluation episode's frames (Atari) to runs/<run_name>/videos/
+    capture_video: bool = False  # write the first evaluation episode as runs/<run_name>/videos/eval_episode0.mp4
     save_model: bool = False  # write the final weights (state_dict) to runs/<run_name>/model.pt
     env_id: str = "CartPole-v1"  # the envpool environment id
     total_timesteps: int = 400_000  # total environment steps consumed by the learner
@@ -134,6 +135,10 @@ def validate(args: Args) -> None:
         fail("num_buffers", f"{args.num_buffers} is too few: {needs}")
     if args.env_id not in envpool.list_all_envs():
         fail("env_id", f"'{args.env_id}' is not an envpool environment")
+    env_family = envpool.registration.registry.specs[args.env_id][0]
+    if args.capture_video and env_family not in ("envpool.atari", "envpool.classic_control"):
+        # envpool renders MuJoCo through a GPU context: without one, its render() ends the process
+        fail("capture_video", f"'{args.env_id}' is not Atari or classic control, the envs recorded here")
     spec = envpool.make_spec(args.env_id)
     obs_space = spec.observation_space
     act_space = spec.action_space
@@ -145,8 +150,6 @@ def validate(args: Args) -> None:
         fail("network", f"'{args.network}' needs image observations; '{args.env_id}' has {obs_space.shape}")
     if args.network == "mlp" and len(obs_space.shape) != 1:
         fail("network", f"'mlp' needs flat observations; '{args.env_id}' has {obs_space.shape}")
-    if args.capture_video and len(obs_space.shape) != 3:
-        fail("capture_video", "frames are saved for Atari (image) environments only")
 
 
 # ----------------------------------------------------------------------------------------------- environment
@@ -167,6 +170,13 @@ def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, **kwar
         thread_affinity_offset=-1,
         **extra,
     )
+
+
+def open_video(video_dir: str):
+    """An MP4 writer for evaluation episode 0: envpool renders the frames and imageio-ffmpeg's own binary
+    encodes them as they come, so no episode is held in memory."""
+    os.makedirs(video_dir, exist_ok=True)
+    return imageio.get_writer(os.path.join(video_dir, "eval_episode0.mp4"), fps=30, macro_block_size=1)
 
 
 def env_seed(args: Args, actor: int, update: int) -> int:
@@ -774,27 +784,27 @@ def learning_rate(args: Args, update: int) -> float:
 
 def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device, video_dir: Optional[str] = None):
     """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short
-    episodes)."""
+    episodes). With video_dir, episode 0 is also written there as an MP4."""
     options = dict(episodic_life=False, reward_clip=False) if agent.image else {}
-    envs = make_env(env_id, episodes, seed, **options)
+    render_mode = "rgb_array" if video_dir is not None else None
+    envs = make_env(env_id, episodes, seed, render_mode=render_mode, **options)
+    video = open_video(video_dir) if video_dir is not None else None
     obs, _ = envs.reset()
     returns = np.zeros(episodes)
     done = np.zeros(episodes, dtype=bool)
     state = agent.initial_state(episodes, device)
     valid = torch.ones(1, episodes, device=device)
-    frames = []
     while not done.all():
+        if video is not None and not done[0]:
+            video.append_data(envs.render()[0])
         with torch.no_grad():
             logits, _, state = agent(torch.as_tensor(obs, device=device).unsqueeze(0), valid, state)
         obs, reward, terminated, truncated, info = envs.step(logits[0].argmax(-1).cpu().numpy())
         returns += info.get("reward", reward) * ~done
-        if video_dir is not None and not done[0]:
-            frames.append(obs[0, -1])
         done |= (info["terminated"].astype(bool) if "terminated" in info else terminated) | truncated
         valid = torch.as_tensor(~(terminated | truncated), dtype=torch.float32, device=device).unsqueeze(0)
-    if frames:
-        os.makedirs(video_dir, exist_ok=True)
-        np.savez_compressed(os.path.join(video_dir, "eval_episode0.npz"), frames=np.stack(frames))
+    if video is not None:
+        video.close()
     envs.close()
     return returns
 

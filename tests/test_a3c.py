@@ -296,7 +296,6 @@ def test_torchrun_is_refused_with_one_line(runner):
             (["--gamma", 1.5], "gamma"),
             (["--rmsprop-eps", 0], "rmsprop-eps"),
             (["--env-id", "Pong-v5", "--num-envs", 0], "num-envs"),
-            (["--capture-video", "--t-max", 5], "capture-video"),
         ]
     ),
 )
