@@ -1,0 +1,265 @@
+"""Pong-v5 runs of distrl's Atari files beside CleanRL's PPO, on one machine, long enough to span sessions.
+
+`run` starts one run at a time, alone, entries interleaved seed by seed (ours, the peer, ours, ...), each in
+benchmark/results/raw/atari/<entry>_<seed>/. Our files checkpoint every few minutes; when --hours is spent the
+runner sends SIGTERM (the file writes its checkpoint and exits) and the next invocation continues the run with the
+file's own --resume, so their summary.json times are whole-run figures. The peer, CleanRL's ppo_atari_envpool.py
+unmodified from ../shared/peers/cleanrl/ with its own hyperparameters (`peer-venv` builds its virtualenv from
+benchmark/requirements-peer-atari.txt: it imports the old gym API), has no resume: it runs in one piece, and the
+runner stops it once it has passed 2M steps and its 20-episode training mean has reached 18 (both measures taken),
+at its own end, or when --hours is spent (then its curve is reported as far as it got and it is not rerun).
+
+`report` reads the TensorBoard events of every run: the 20-episode training mean of the returns (raw game score)
+at 1M and 2M steps, the training time (steps / the logged steps per second, so start-up is not in it) and step at
+which that mean first reached 18, steps per second, the final greedy evaluation (ours), and draws each entry's
+curves against frames and against training hours into docs/img/pong_<entry>.png.
+
+  python benchmark/atari.py peer-venv
+  python benchmark/atari.py run --entries impala cleanrl_ppo --seeds 1 --hours 2
+  python benchmark/atari.py report          # -> benchmark/results/atari_pong.json, docs/img/pong_*.png
+"""
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from run import machine
+
+ROOT = Path(__file__).resolve().parents[1]
+RAW = ROOT / "benchmark" / "results" / "raw" / "atari"
+PEER_VENV = ROOT / "benchmark" / "peer-venv"
+PY = sys.executable
+TARGET = 18.0  # Pong: a 20-episode mean of 18 of 21 points
+PEER_FILE = ROOT.parent / "shared" / "peers" / "cleanrl" / "ppo_atari_envpool.py"
+PEER_LINE = re.compile(r"global_step=(\d+), episodic_return=(-?[\d.]+)")
+# what every one of our runs adds: checkpoints continued by the next invocation, the final evaluation's video
+OURS = ["--exp-name", "bench", "--resume", "--capture-video"]
+
+# entry -> command for one seed ("{seed}" filled in); ours checkpoint about every 5 minutes of this machine
+ENTRIES = {
+    "impala": [PY, str(ROOT / "algos/impala.py"), "--seed", "{seed}", "--env-id", "Pong-v5", "--batch-size", "32"]
+    + ["--learning-rate", "3e-4", "--total-timesteps", "10000000", "--gamma", "0.99", "--ent-coef", "0.01"]
+    + ["--max-grad-norm", "40", "--torch-threads", "2", "--checkpoint-every", "300", *OURS],
+    "seed": [PY, str(ROOT / "algos/seed.py"), "--seed", "{seed}", "--env-id", "Pong-v5", "--batch-size", "32"]
+    + ["--learning-rate", "3e-4", "--total-timesteps", "10000000", "--gamma", "0.99", "--ent-coef", "0.01"]
+    + ["--max-grad-norm", "40", "--torch-threads", "2", "--checkpoint-every", "300", *OURS],
+    "ddppo": [PY, str(ROOT / "algos/ddppo.py"), "--seed", "{seed}", "--env-id", "Pong-v5", "--local-num-envs", "8"]
+    + ["--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "4", "--learning-rate", "2.5e-4"]
+    + ["--gamma", "0.99", "--gae-lambda", "0.95", "--clip-vloss", "--ent-coef", "0.01"]
+    + ["--total-timesteps", "10000000", "--checkpoint-every", "100", *OURS],
+    "cleanrl_ppo": [str(PEER_VENV / "bin" / "python"), str(PEER_FILE), "--seed", "{seed}", "--env-id", "Pong-v5"]
+    + ["--no-cuda"],
+}
+
+
+def make_peer_venv() -> None:
+    """The peer's own virtualenv (old gym, an envpool that still speaks it), never the project's."""
+    subprocess.run([sys.executable, "-m", "venv", str(PEER_VENV)], check=True)
+    requirements = ROOT / "benchmark" / "requirements-peer-atari.txt"
+    subprocess.run([str(PEER_VENV / "bin" / "pip"), "install", "-q", "-r", str(requirements)], check=True)
+
+
+def finished(entry: str, run_dir: Path) -> bool:
+    if entry == "cleanrl_ppo":
+        return (run_dir / "peer_end.json").exists()
+    return any(run_dir.glob("runs/*/summary.json"))
+
+
+def peer_measured(peer_returns: list) -> bool:
+    """Both of the peer's measures are taken: past 2M steps, and a 20-episode mean of 18 reached."""
+    returns = [episode_return for _, episode_return in peer_returns]
+    means = np.convolve(returns, np.ones(20) / 20, mode="valid") if len(returns) >= 20 else []
+    return bool(peer_returns) and peer_returns[-1][0] >= 2_000_000 and any(mean >= TARGET for mean in means)
+
+
+def run_segment(entry: str, seed: int, deadline: float):
+    """One segment of one run, until it ends or the deadline (then SIGTERM: ours checkpoint and exit).
+    Returns why the runner stopped it (None: it ended by itself)."""
+    run_dir = RAW / f"{entry}_{seed}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [part.format(seed=seed) for part in ENTRIES[entry]]
+    segment = {"command": " ".join(cmd), "machine": machine(), "start": time.time()}
+    env = dict(os.environ, WANDB_MODE="disabled", PYTHONWARNINGS="ignore")
+    peer_returns = []  # (step, return) of the peer's finished episodes, from its printed lines
+    stopped = None
+
+    def copy_output(proc):
+        with open(run_dir / "stdout.log", "a", buffering=1) as log:
+            for line in proc.stdout:
+                log.write(line)
+                match = PEER_LINE.search(line)
+                if match:
+                    peer_returns.append((int(match.group(1)), float(match.group(2))))
+
+    proc = subprocess.Popen(cmd, cwd=run_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    copier = threading.Thread(target=copy_output, args=(proc,))
+    copier.start()
+    try:
+        while proc.poll() is None:
+            if entry == "cleanrl_ppo" and stopped is None and peer_measured(peer_returns):
+                stopped = "measured"
+                proc.terminate()
+            if stopped is None and time.time() > deadline:
+                stopped = "deadline"
+                proc.terminate()
+            time.sleep(1.0)
+    except KeyboardInterrupt:  # the runner itself was stopped: stop the run the same way
+        stopped = "interrupted"
+        proc.terminate()
+        proc.wait()
+    copier.join()
+    segment.update(end=time.time(), returncode=proc.returncode, stopped=stopped)
+    with open(run_dir / "segments.jsonl", "a") as segments:
+        segments.write(json.dumps(segment) + "\n")
+    if entry == "cleanrl_ppo":
+        # no resume: whatever stopped it, this run is what the report reads
+        last_step = peer_returns[-1][0] if peer_returns else 0
+        (run_dir / "peer_end.json").write_text(json.dumps({"stopped": stopped or "end", "last_step": last_step}))
+    print(f"{entry} seed {seed}: segment ended ({stopped or f'exit {proc.returncode}'})", flush=True)
+    return stopped
+
+
+def run(entries: list, seeds: list, hours: float) -> None:
+    deadline = time.time() + hours * 3600
+    for seed in seeds:
+        for entry in entries:
+            if time.time() > deadline:
+                return
+            if not finished(entry, RAW / f"{entry}_{seed}") and run_segment(entry, seed, deadline) == "interrupted":
+                return
+
+
+def scalars(run_dir: Path, key: str):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    if key not in events.Tags()["scalars"]:
+        return np.zeros(0), np.zeros(0)
+    points = events.Scalars(key)
+    return np.array([p.step for p in points], dtype=np.int64), np.array([p.value for p in points])
+
+
+def measures(entry: str, seed: int) -> dict:
+    """The report's figures of one run, from its TensorBoard events (and summary.json when it ended)."""
+    seed_dir = RAW / f"{entry}_{seed}"
+    run_dir = next(seed_dir.glob("runs/*"))
+    steps, returns = scalars(run_dir, "charts/episodic_return")
+    sps_steps, sps = scalars(run_dir, "charts/SPS")
+    # training time at each logged step: the files log SPS = global_step / training time
+    train_hours = np.interp(steps, sps_steps, sps_steps / np.maximum(sps, 1e-9)) / 3600
+    means = np.array([returns[max(0, i - 19) : i + 1].mean() for i in range(len(returns))])
+    full = np.arange(len(returns)) >= 19
+    reached = np.flatnonzero(full & (means >= TARGET))
+
+    def mean_at(step: int):
+        before = np.flatnonzero(full & (steps <= step))
+        return float(means[before[-1]]) if len(before) and steps[-1] >= step else None
+
+    segments = [json.loads(line) for line in (seed_dir / "segments.jsonl").read_text().splitlines()]
+    summaries = list(seed_dir.glob("runs/*/summary.json"))
+    summary = json.loads(summaries[0].read_text()) if summaries else {}
+    return {
+        "entry": entry,
+        "seed": seed,
+        "command": segments[-1]["command"],
+        "segments": [{k: s[k] for k in ("start", "end", "stopped", "returncode")} for s in segments],
+        "machines": sorted({f"{s['machine']['cpu']} ({s['machine']['cores']} cores)" for s in segments}),
+        "commits": sorted({s["machine"]["commit"] for s in segments}),
+        "last_step": int(sps_steps[-1]) if len(sps_steps) else 0,
+        "train_hours": float(train_hours[-1]) if len(train_hours) else 0.0,
+        "sps": float(sps[-1]) if len(sps) else None,
+        "mean20_at_1M": mean_at(1_000_000),
+        "mean20_at_2M": mean_at(2_000_000),
+        "step_to_18": int(steps[reached[0]]) if len(reached) else None,
+        "train_hours_to_18": float(train_hours[reached[0]]) if len(reached) else None,
+        "best_mean20": float(means[full].max()) if full.any() else None,
+        "eval_return_mean": summary.get("eval_return_mean"),
+        "curve": {"steps": steps.tolist(), "train_hours": train_hours.tolist(), "mean20": means.tolist()},
+    }
+
+
+def plot(entry: str, runs: list, peer_runs: list) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_frames, ax_hours) = plt.subplots(1, 2, figsize=(11, 4))
+    for r, colour in [(r, None) for r in runs] + [(r, "0.6") for r in peer_runs]:
+        curve = r["curve"]
+        label = f"{r['entry']} seed {r['seed']}"
+        frames = np.array(curve["steps"]) * 4
+        ax_frames.plot(frames / 1e6, curve["mean20"], lw=1, color=colour, label=label)
+        ax_hours.plot(curve["train_hours"], curve["mean20"], lw=1, color=colour, label=label)
+    for ax, xlabel in [(ax_frames, "frames (millions; 4 per step)"), (ax_hours, "training hours (start-up excluded)")]:
+        ax.axhline(TARGET, color="k", ls="--", lw=0.8)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("20-episode mean training return")
+        ax.set_ylim(-21.5, 21.5)
+        ax.grid(alpha=0.3)
+    ax_frames.legend(fontsize=8)
+    fig.suptitle(f"{entry} on Pong-v5 (benchmark/atari.py; CleanRL PPO in grey)")
+    fig.tight_layout()
+    out = ROOT / "docs" / "img" / f"pong_{entry}.png"
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def report() -> None:
+    runs = []
+    for seed_dir in sorted(RAW.glob("*_*")):
+        entry, seed = seed_dir.name.rsplit("_", 1)
+        if entry in ENTRIES and (seed_dir / "segments.jsonl").exists():
+            runs.append(measures(entry, int(seed)))
+    peer_runs = [r for r in runs if r["entry"] == "cleanrl_ppo"]
+    for entry in sorted({r["entry"] for r in runs} - {"cleanrl_ppo"}):
+        print("plot:", plot(entry, [r for r in runs if r["entry"] == entry], peer_runs))
+    out = ROOT / "benchmark" / "results" / "atari_pong.json"
+    out.write_text(json.dumps({"target": TARGET, "runs": runs}, indent=1))
+    print("| run | steps | training h | steps/s | mean at 1M | at 2M | to 18: steps, training h | final eval |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in runs:
+
+        def show(value, fmt="{:.1f}"):
+            return "-" if value is None else fmt.format(value)
+
+        print(
+            f"| {r['entry']} {r['seed']} | {r['last_step']:,} | {r['train_hours']:.2f} | {show(r['sps'], '{:.0f}')} "
+            f"| {show(r['mean20_at_1M'])} | {show(r['mean20_at_2M'])} "
+            f"| {show(r['step_to_18'], '{:,}')}, {show(r['train_hours_to_18'], '{:.2f}')} "
+            f"| {show(r['eval_return_mean'])} |"
+        )
+    print(f"written to {out}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="what", required=True)
+    sub.add_parser("peer-venv", help="build the peer's virtualenv")
+    go = sub.add_parser("run", help="run or continue the runs, one at a time")
+    go.add_argument("--entries", nargs="+", choices=sorted(ENTRIES), default=sorted(ENTRIES))
+    go.add_argument("--seeds", type=int, nargs="+", default=[1])
+    go.add_argument("--hours", type=float, required=True, help="this invocation's time; then SIGTERM, resume later")
+    sub.add_parser("report", help="figures and plots of every run so far")
+    a = p.parse_args()
+    if a.what == "peer-venv":
+        make_peer_venv()
+    elif a.what == "run":
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        run(a.entries, a.seeds, a.hours)
+    else:
+        report()
+
+
+if __name__ == "__main__":
+    main()
