@@ -386,7 +386,7 @@ def agree_to_stop(args: Args, stop: dict, rollout_time: float) -> tuple:
 
 
 def evaluate(
-    args: Args, policy: Policy, theta: torch.Tensor, obstat: torch.Tensor, video_dir: Optional[str]
+    args: Args, policy: Policy, theta: torch.Tensor, obstat: torch.Tensor, video_dir: Optional[str] = None
 ) -> np.ndarray:
     """The final policy, theta without noise, for eval_episodes episodes (env seeds
     seed + 10**6 + i); with video_dir, episode 0 is also written there as an MP4."""

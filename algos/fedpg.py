@@ -572,6 +572,7 @@ def evaluate(
     batch = sample_trajectories(policy, theta, envs, episodes, max_steps, mode="greedy", video=video)
     if video is not None:
         video.close()
+    envs.close()
     return (batch["rewards"] * batch["valid"]).sum(0).numpy()
 
 

@@ -377,7 +377,7 @@ def agree_to_stop(args: Args, stop: dict, rollout_time: float) -> tuple:
     return bool(counters[0] > 0), float(counters[1]) / args.world_size
 
 
-def evaluate(args: Args, policy: Policy, theta: torch.Tensor, video_dir: Optional[str]) -> np.ndarray:
+def evaluate(args: Args, policy: Policy, theta: torch.Tensor, video_dir: Optional[str] = None) -> np.ndarray:
     """The final elite for eval_episodes episodes (env seeds seed + 10**6 + i); with video_dir, episode 0
     is also written there as an MP4."""
     params = theta.expand(args.eval_episodes, theta.numel())

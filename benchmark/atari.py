@@ -5,9 +5,11 @@ benchmark/results/raw/atari/<entry>_<seed>/. Our files checkpoint every few minu
 runner sends SIGTERM (the file writes its checkpoint and exits) and the next invocation continues the run with the
 file's own --resume, so their summary.json times are whole-run figures. The peer, CleanRL's ppo_atari_envpool.py
 unmodified from ../shared/peers/cleanrl/ with its own hyperparameters (`peer-venv` builds its virtualenv from
-benchmark/requirements-peer-atari.txt: it imports the old gym API), has no resume: it runs in one piece, and the
-runner stops it once it has passed 2M steps and its 20-episode training mean has reached 18 (both measures taken),
-at its own end, or when --hours is spent (then its curve is reported as far as it got and it is not rerun).
+benchmark/requirements-peer-atari.txt: it imports the old gym API), has no resume: it starts only with
+--peer-min-hours left, and the runner stops it once it has passed 2M steps and its 20-episode training mean has
+reached 18 (both measures taken; it then runs 130 s more so that its TensorBoard events are flushed), or at its
+own end. A peer run cut by --hours or by a stopped runner is moved aside (<dir>.cut<time>) and started anew by the
+next invocation.
 
 `report` reads the TensorBoard events of every run: the 20-episode training mean of the returns (raw game score)
 at 1M and 2M steps, the training time (steps / the logged steps per second, so start-up is not in it) and step at
@@ -38,6 +40,7 @@ RAW = ROOT / "benchmark" / "results" / "raw" / "atari"
 PEER_VENV = ROOT / "benchmark" / "peer-venv"
 PY = sys.executable
 TARGET = 18.0  # Pong: a 20-episode mean of 18 of 21 points
+PEER_FLUSH_S = 130  # the peer runs this long after its measures are taken (its events flush every 120 s)
 PEER_FILE = ROOT.parent / "shared" / "peers" / "cleanrl" / "ppo_atari_envpool.py"
 PEER_LINE = re.compile(r"global_step=(\d+), episodic_return=(-?[\d.]+)")
 # what every one of our runs adds: checkpoints continued by the next invocation, the final evaluation's video
@@ -53,8 +56,8 @@ ENTRIES = {
     + ["--max-grad-norm", "40", "--torch-threads", "2", "--checkpoint-every", "300", *OURS],
     "ddppo": [PY, str(ROOT / "algos/ddppo.py"), "--seed", "{seed}", "--env-id", "Pong-v5", "--local-num-envs", "8"]
     + ["--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "4", "--learning-rate", "2.5e-4"]
-    + ["--gamma", "0.99", "--gae-lambda", "0.95", "--clip-vloss", "--ent-coef", "0.01"]
-    + ["--total-timesteps", "10000000", "--checkpoint-every", "100", *OURS],
+    + ["--gamma", "0.99", "--gae-lambda", "0.95", "--clip-coef", "0.1", "--clip-vloss", "--ent-coef", "0.01"]
+    + ["--total-timesteps", "10000000", "--env-threads", "2", "--checkpoint-every", "100", *OURS],
     "cleanrl_ppo": [str(PEER_VENV / "bin" / "python"), str(PEER_FILE), "--seed", "{seed}", "--env-id", "Pong-v5"]
     + ["--no-cuda"],
 }
@@ -80,6 +83,16 @@ def peer_measured(peer_returns: list) -> bool:
     return bool(peer_returns) and peer_returns[-1][0] >= 2_000_000 and any(mean >= TARGET for mean in means)
 
 
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM (ours write a checkpoint and exit), then SIGKILL if it has not ended in 5 minutes."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def run_segment(entry: str, seed: int, deadline: float):
     """One segment of one run, until it ends or the deadline (then SIGTERM: ours checkpoint and exit).
     Returns why the runner stopped it (None: it ended by itself)."""
@@ -87,9 +100,11 @@ def run_segment(entry: str, seed: int, deadline: float):
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = [part.format(seed=seed) for part in ENTRIES[entry]]
     segment = {"command": " ".join(cmd), "machine": machine(), "start": time.time()}
-    env = dict(os.environ, WANDB_MODE="disabled", PYTHONWARNINGS="ignore")
+    # unbuffered: the peer's episode lines reach the stop rule as they are printed
+    env = dict(os.environ, WANDB_MODE="disabled", PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1")
     peer_returns = []  # (step, return) of the peer's finished episodes, from its printed lines
     stopped = None
+    measured_at = None
 
     def copy_output(proc):
         with open(run_dir / "stdout.log", "a", buffering=1) as log:
@@ -99,40 +114,52 @@ def run_segment(entry: str, seed: int, deadline: float):
                 if match:
                     peer_returns.append((int(match.group(1)), float(match.group(2))))
 
-    proc = subprocess.Popen(cmd, cwd=run_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # its own session: a Ctrl-C of the runner reaches the run only as the runner's SIGTERM
+    proc = subprocess.Popen(
+        cmd, cwd=run_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     copier = threading.Thread(target=copy_output, args=(proc,))
     copier.start()
     try:
         while proc.poll() is None:
-            if entry == "cleanrl_ppo" and stopped is None and peer_measured(peer_returns):
+            if entry == "cleanrl_ppo" and measured_at is None and peer_measured(peer_returns):
+                measured_at = time.time()
+            # the peer's TensorBoard writer flushes every 120 s and SIGTERM gives it no chance to: wait for it
+            if measured_at is not None and time.time() > measured_at + PEER_FLUSH_S:
                 stopped = "measured"
-                proc.terminate()
-            if stopped is None and time.time() > deadline:
+                break
+            if time.time() > deadline:
                 stopped = "deadline"
-                proc.terminate()
+                break
             time.sleep(1.0)
     except KeyboardInterrupt:  # the runner itself was stopped: stop the run the same way
         stopped = "interrupted"
-        proc.terminate()
-        proc.wait()
-    copier.join()
-    segment.update(end=time.time(), returncode=proc.returncode, stopped=stopped)
-    with open(run_dir / "segments.jsonl", "a") as segments:
-        segments.write(json.dumps(segment) + "\n")
-    if entry == "cleanrl_ppo":
-        # no resume: whatever stopped it, this run is what the report reads
-        last_step = peer_returns[-1][0] if peer_returns else 0
-        (run_dir / "peer_end.json").write_text(json.dumps({"stopped": stopped or "end", "last_step": last_step}))
+    finally:
+        stop(proc)
+        copier.join()
+        segment.update(end=time.time(), returncode=proc.returncode, stopped=stopped)
+        with open(run_dir / "segments.jsonl", "a") as segments:
+            segments.write(json.dumps(segment) + "\n")
+        if entry == "cleanrl_ppo" and stopped in (None, "measured"):
+            last_step = peer_returns[-1][0] if peer_returns else 0
+            (run_dir / "peer_end.json").write_text(json.dumps({"stopped": stopped or "end", "last_step": last_step}))
+        elif entry == "cleanrl_ppo":
+            # no resume: a cut run is kept aside for the record and the next invocation starts the peer anew
+            run_dir.rename(run_dir.with_name(f"{run_dir.name}.cut{int(segment['start'])}"))
     print(f"{entry} seed {seed}: segment ended ({stopped or f'exit {proc.returncode}'})", flush=True)
     return stopped
 
 
-def run(entries: list, seeds: list, hours: float) -> None:
+def run(entries: list, seeds: list, hours: float, peer_min_hours: float) -> None:
     deadline = time.time() + hours * 3600
     for seed in seeds:
         for entry in entries:
-            if time.time() > deadline:
+            left_hours = (deadline - time.time()) / 3600
+            if left_hours <= 0:
                 return
+            if entry == "cleanrl_ppo" and left_hours < peer_min_hours:
+                print(f"cleanrl_ppo seed {seed}: {left_hours:.2f} h left, below --peer-min-hours; not started")
+                continue
             if not finished(entry, RAW / f"{entry}_{seed}") and run_segment(entry, seed, deadline) == "interrupted":
                 return
 
@@ -219,7 +246,7 @@ def report() -> None:
     runs = []
     for seed_dir in sorted(RAW.glob("*_*")):
         entry, seed = seed_dir.name.rsplit("_", 1)
-        if entry in ENTRIES and (seed_dir / "segments.jsonl").exists():
+        if entry in ENTRIES and seed.isdigit() and (seed_dir / "segments.jsonl").exists():
             runs.append(measures(entry, int(seed)))
     peer_runs = [r for r in runs if r["entry"] == "cleanrl_ppo"]
     for entry in sorted({r["entry"] for r in runs} - {"cleanrl_ppo"}):
@@ -250,13 +277,14 @@ def main() -> None:
     go.add_argument("--entries", nargs="+", choices=sorted(ENTRIES), default=sorted(ENTRIES))
     go.add_argument("--seeds", type=int, nargs="+", default=[1])
     go.add_argument("--hours", type=float, required=True, help="this invocation's time; then SIGTERM, resume later")
+    go.add_argument("--peer-min-hours", type=float, default=2.0, help="start the peer (no resume) only with this left")
     sub.add_parser("report", help="figures and plots of every run so far")
     a = p.parse_args()
     if a.what == "peer-venv":
         make_peer_venv()
     elif a.what == "run":
         signal.signal(signal.SIGTERM, signal.default_int_handler)
-        run(a.entries, a.seeds, a.hours)
+        run(a.entries, a.seeds, a.hours, a.peer_min_hours)
     else:
         report()
 

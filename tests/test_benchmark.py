@@ -1,4 +1,5 @@
-"""benchmark/atari.py's figures, read back from TensorBoard events written here with known values."""
+"""benchmark/atari.py's figures, read back from TensorBoard events written here with known values, and the
+rule that stops the peer."""
 
 import json
 import sys
@@ -15,12 +16,14 @@ def test_pong_figures_from_a_runs_events(tmp_path, monkeypatch):
     monkeypatch.setattr(atari, "RAW", tmp_path)
     seed_dir = tmp_path / "impala_1"
     writer = SummaryWriter(seed_dir / "runs" / "Pong-v5__bench__1")
-    # 60 episodes, one every 50k steps, scores climbing from -21 by 1 a time (to +21 at episode 42);
-    # the logged steps per second fall from 1000 to 500, as a file's whole-run SPS may
+    # 60 episodes, one every 50k steps, scores climbing from -21 by 1 a time (to +21 at episode 42)
     episodes = [(50_000 * (i + 1), min(-21 + i, 21)) for i in range(60)]
-    for i, (step, score) in enumerate(episodes):
+    for step, score in episodes:
         writer.add_scalar("charts/episodic_return", score, step)
-        writer.add_scalar("charts/SPS", 1000 - 500 * i / 59, step)
+    # steps per second logged every 30k steps (between the episodes), falling from 1000 to 500
+    sps_points = [(30_000 * (k + 1), 1000 - 500 * k / 99) for k in range(100)]
+    for step, sps in sps_points:
+        writer.add_scalar("charts/SPS", sps, step)
     writer.close()
     machine = {"cpu": "test", "cores": 2, "commit": "abc"}
     segment = {"command": "x", "machine": machine, "start": 0, "end": 1, "returncode": 0, "stopped": None}
@@ -28,15 +31,30 @@ def test_pong_figures_from_a_runs_events(tmp_path, monkeypatch):
 
     r = atari.measures("impala", 1)
 
-    # the slow reference: the mean of the 20 episodes ending at each one, read where the text says
+    # the slow references: the mean of the 20 episodes ending at each one, read where the text says; training
+    # time at a step by straight-line interpolation of step / SPS between the two SPS points around it
     def mean20(i):
         return sum(score for _, score in episodes[i - 19 : i + 1]) / 20
+
+    def train_seconds(step):
+        (a, sps_a), (b, sps_b) = next(
+            (p, q) for p, q in zip(sps_points[:-1], sps_points[1:], strict=True) if p[0] <= step <= q[0]
+        )
+        return a / sps_a + (b / sps_b - a / sps_a) * (step - a) / (b - a)
 
     at_1m = max(i for i, (step, _) in enumerate(episodes) if step <= 1_000_000)  # episode 19 ends at 1M
     assert r["mean20_at_1M"] == pytest.approx(mean20(at_1m))
     first = next(i for i in range(19, 60) if mean20(i) >= 18)
     assert r["step_to_18"] == episodes[first][0]
-    sps_then = 1000 - 500 * first / 59
-    assert r["train_hours_to_18"] == pytest.approx(episodes[first][0] / sps_then / 3600, rel=1e-5)
+    assert r["train_hours_to_18"] == pytest.approx(train_seconds(episodes[first][0]) / 3600, rel=1e-5)
     assert r["last_step"] == 3_000_000 and r["sps"] == pytest.approx(500)
     assert r["eval_return_mean"] is None  # no summary.json: the run has not ended
+
+
+def test_the_peer_is_stopped_only_past_2m_steps_with_a_20_episode_mean_of_18():
+    good = [(100_000 * (i + 1), 19.0) for i in range(25)]  # mean 19 from episode 20 on, last step 2.5M
+    assert atari.peer_measured(good)
+    assert not atari.peer_measured(good[:19])  # fewer than 20 episodes: no mean yet
+    assert not atari.peer_measured([(step // 2, score) for step, score in good])  # only 1.25M steps
+    assert not atari.peer_measured([(step, 17.0) for step, _ in good])
+    assert not atari.peer_measured([])

@@ -27,7 +27,7 @@ def decoded_frame_shapes(run_dir) -> list:
 
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_video_of_the_first_eval_episode_decodes_frame_by_frame(runner, name):
-    check_ok(runner.run(name, *TINY[name], "--eval-episodes", 2, "--capture-video"))
+    check_ok(runner.run(name, *TINY[name], "--eval-episodes", 3, "--capture-video"))
     run_dir = runner.run_dir("CartPole-v1", name)
     events = EventAccumulator(str(run_dir))
     events.Reload()
