@@ -19,12 +19,17 @@ curves against frames and against training hours into docs/img/pong_<entry>.png.
   python benchmark/atari.py peer-venv
   python benchmark/atari.py run --entries impala cleanrl_ppo --seeds 1 --hours 2
   python benchmark/atari.py report          # -> benchmark/results/atari_pong.json, docs/img/pong_*.png
+  python benchmark/atari.py throughput --entries a3c apex r2d2 --minutes 5   # -> atari_throughput.json
+
+`throughput` runs each entry's command alone for a few minutes in a scratch directory and records its steps/s
+(for the files whose Pong runs outlast this machine's sessions, to project their time).
 """
 
 import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,6 +43,7 @@ from run import machine
 ROOT = Path(__file__).resolve().parents[1]
 RAW = ROOT / "benchmark" / "results" / "raw" / "atari"
 PEER_VENV = ROOT / "benchmark" / "peer-venv"
+THROUGHPUT = ROOT / "benchmark" / "results" / "atari_throughput.json"
 PY = sys.executable
 TARGET = 18.0  # Pong: a 20-episode mean of 18 of 21 points
 PEER_FLUSH_S = 130  # the peer runs this long after its measures are taken (its events flush every 120 s)
@@ -62,6 +68,27 @@ ENTRIES = {
     + ["--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "4", "--learning-rate", "2.5e-4"]
     + ["--gamma", "0.99", "--gae-lambda", "0.95", "--clip-coef", "0.1", "--clip-vloss", "--ent-coef", "0.01"]
     + ["--total-timesteps", "10000000", "--env-threads", "2", "--checkpoint-every", "100", *OURS],
+    # A3C: the paper's shared RMSProp (lr 7e-4, decay 0.99, eps 0.1), t_max 5, entropy 0.01, clip 40; 8 envs per
+    # worker rather than the paper's 1 (batched inference: two workers on two cores)
+    "a3c": [PY, str(ROOT / "algos/a3c.py"), "--seed", "{seed}", "--env-id", "Pong-v5", "--num-envs", "8"]
+    + ["--optimizer", "rmsprop", "--learning-rate", "7e-4", "--gamma", "0.99", "--max-grad-norm", "40"]
+    + ["--total-timesteps", "10000000", "--checkpoint-every", "2000", *OURS],
+    # Ape-X: the paper's n 3, alpha 0.6, beta 0.4, target copy every 2500 updates, clip 40, gamma 0.99; batch 64
+    # (512) and one update per 16 steps (4 sampled transitions per step; the paper's learner sampled fewer than
+    # one per actor step, which 2 cores cannot make up for in actors), replay 200k (2M; 11.3 GB of frames)
+    "apex": [PY, str(ROOT / "algos/apex.py"), "--seed", "{seed}", "--env-id", "Pong-v5", "--batch-size", "64"]
+    + ["--steps-per-update", "16", "--learning-rate", "1e-4", "--no-anneal-lr", "--buffer-size", "200000"]
+    + ["--learning-starts", "50000", "--target-network-frequency", "2500", "--max-grad-norm", "40"]
+    + ["--gamma", "0.99", "--total-timesteps", "10000000", "--torch-threads", "2", "--checkpoint-every", "2000"]
+    + [*OURS],
+    # R2D2: the paper's burn-in 40, sequences of 80 overlapping by 40, n 5, gamma 0.997, lr 1e-4, batch 64,
+    # target copy every 2500 updates; replay 4k sequences (100k; 3.42 MB each: 13.7 GB, r2d2.md). Meant for a
+    # GPU learner; on 2 CPU cores only its throughput is measured (`throughput`)
+    "r2d2": [PY, str(ROOT / "algos/r2d2.py"), "--seed", "{seed}", "--env-id", "Pong-v5", "--burn-in", "40"]
+    + ["--sequence-length", "80", "--sequence-overlap", "40", "--gamma", "0.997", "--learning-rate", "1e-4"]
+    + ["--batch-size", "64", "--buffer-size", "4000", "--target-network-frequency", "2500"]
+    + ["--learning-starts", "50000", "--no-anneal-lr", "--steps-per-update", "64", "--beta", "0"]
+    + ["--total-timesteps", "10000000", "--torch-threads", "2", "--checkpoint-every", "500", *OURS],
     "cleanrl_ppo": [str(PEER_VENV / "bin" / "python"), str(PEER_FILE), "--seed", "{seed}", "--env-id", "Pong-v5"]
     + ["--no-cuda"],
 }
@@ -168,15 +195,51 @@ def run(entries: list, seeds: list, hours: float, peer_min_hours: float) -> None
                 return
 
 
-def scalars(run_dir: Path, key: str):
+def scalar_points(run_dir: Path, key: str) -> list:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     events.Reload()
-    if key not in events.Tags()["scalars"]:
-        return np.zeros(0), np.zeros(0)
-    points = events.Scalars(key)
+    return events.Scalars(key) if key in events.Tags()["scalars"] else []
+
+
+def scalars(run_dir: Path, key: str):
+    points = scalar_points(run_dir, key)
     return np.array([p.step for p in points], dtype=np.int64), np.array([p.value for p in points])
+
+
+def throughput(entries: list, minutes: float, seed: int) -> None:
+    """Steps/s of each entry's Pong command (less --resume and --capture-video), run alone for `minutes` in a
+    scratch directory: the rate over the second half of the window, from the wall clock of the logged steps, so
+    that start-up and a replay's learning_starts phase (actors alone) are not in it."""
+    results = json.loads(THROUGHPUT.read_text()) if THROUGHPUT.exists() else {}
+    for entry in entries:
+        run_dir = RAW.with_name("atari_throughput") / entry
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir(parents=True)
+        cmd = [part.format(seed=seed) for part in ENTRIES[entry] if part not in ("--resume", "--capture-video")]
+        env = dict(os.environ, WANDB_MODE="disabled", PYTHONWARNINGS="ignore")
+        with open(run_dir / "stdout.log", "w") as log:
+            proc = subprocess.Popen(
+                cmd, cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            time.sleep(minutes * 60)
+            stop(proc)
+        points = scalar_points(next(run_dir.glob("runs/*")), "charts/SPS")
+        wall = np.array([p.wall_time for p in points])
+        steps = np.array([p.step for p in points])
+        second_half = np.flatnonzero(wall >= (wall[0] + wall[-1]) / 2)[0]
+        updates = scalar_points(next(run_dir.glob("runs/*")), "stats/learner_updates_per_s")
+        results[entry] = {
+            "command": " ".join(cmd),
+            "machine": machine(),
+            "minutes": minutes,
+            "last_step": int(steps[-1]),
+            "steps_per_s": float((steps[-1] - steps[second_half]) / (wall[-1] - wall[second_half])),
+            "learner_updates_per_s": updates[-1].value if updates else None,
+        }
+        print(entry, json.dumps(results[entry]), flush=True)
+        THROUGHPUT.write_text(json.dumps(results, indent=1))
 
 
 def measures(entry: str, seed: int) -> dict:
@@ -283,12 +346,18 @@ def main() -> None:
     go.add_argument("--hours", type=float, required=True, help="this invocation's time; then SIGTERM, resume later")
     go.add_argument("--peer-min-hours", type=float, default=2.0, help="start the peer (no resume) only with this left")
     sub.add_parser("report", help="figures and plots of every run so far")
+    speed = sub.add_parser("throughput", help="steps/s of entries run alone for a few minutes each (no learning)")
+    speed.add_argument("--entries", nargs="+", choices=sorted(set(ENTRIES) - {"cleanrl_ppo"}), required=True)
+    speed.add_argument("--minutes", type=float, default=5.0)
+    speed.add_argument("--seed", type=int, default=1)
     a = p.parse_args()
     if a.what == "peer-venv":
         make_peer_venv()
     elif a.what == "run":
         signal.signal(signal.SIGTERM, signal.default_int_handler)
         run(a.entries, a.seeds, a.hours, a.peer_min_hours)
+    elif a.what == "throughput":
+        throughput(a.entries, a.minutes, a.seed)
     else:
         report()
 

@@ -58,3 +58,35 @@ def test_the_peer_is_stopped_only_past_2m_steps_with_a_20_episode_mean_of_18():
     assert not atari.peer_measured([(step // 2, score) for step, score in good])  # only 1.25M steps
     assert not atari.peer_measured([(step, 17.0) for step, _ in good])
     assert not atari.peer_measured([])
+
+
+FAKE_RUN = """
+import sys, time
+from torch.utils.tensorboard import SummaryWriter
+writer = SummaryWriter("runs/Pong-v5__bench__1")
+# start-up of 100 s at 10 steps/s, then 100 steps/s: the steps/s of the window's second half is 100
+t0 = time.time() - 1000
+for i in range(11):
+    writer.add_scalar("charts/SPS", 0.0, 10 * i, walltime=t0 + 10 * i)
+for i in range(1, 91):
+    writer.add_scalar("charts/SPS", 0.0, 100 + 100 * i, walltime=t0 + 100 + i)
+writer.close()
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_throughput_is_the_rate_of_the_windows_second_half(tmp_path, monkeypatch):
+    script = tmp_path / "fake_run.py"
+    script.write_text(FAKE_RUN)
+    monkeypatch.setattr(atari, "RAW", tmp_path / "raw" / "atari")
+    monkeypatch.setattr(atari, "THROUGHPUT", tmp_path / "atari_throughput.json")
+    monkeypatch.setitem(atari.ENTRIES, "fake", [sys.executable, str(script), "--seed", "{seed}", "--resume"])
+
+    atari.throughput(["fake"], minutes=5 / 60, seed=1)
+
+    result = json.loads((tmp_path / "atari_throughput.json").read_text())["fake"]
+    assert result["steps_per_s"] == pytest.approx(100.0)
+    assert result["last_step"] == 9100
+    assert "--resume" not in result["command"] and "--seed 1" in result["command"]
+    assert (tmp_path / "raw" / "atari_throughput" / "fake" / "stdout.log").read_text().startswith("ready")
