@@ -68,14 +68,14 @@ ENTRIES = {
     + ["--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "4", "--learning-rate", "2.5e-4"]
     + ["--gamma", "0.99", "--gae-lambda", "0.95", "--clip-coef", "0.1", "--clip-vloss", "--ent-coef", "0.01"]
     + ["--total-timesteps", "10000000", "--env-threads", "2", "--checkpoint-every", "100", *OURS],
-    # A3C: the paper's shared RMSProp (lr 7e-4, decay 0.99, eps 0.1), t_max 5, entropy 0.01, clip 40; 8 envs per
-    # worker rather than the paper's 1 (batched inference: two workers on two cores)
+    # A3C: shared RMSProp (lr 7e-4, the paper's decay 0.99; eps 0.1 is the file's default, not stated there),
+    # t_max 5, entropy 0.01, clip 40; 8 envs per worker rather than the paper's 1 (batched inference: two
+    # workers on two cores)
     "a3c": [PY, str(ROOT / "algos/a3c.py"), "--seed", "{seed}", "--env-id", "Pong-v5", "--num-envs", "8"]
     + ["--optimizer", "rmsprop", "--learning-rate", "7e-4", "--gamma", "0.99", "--max-grad-norm", "40"]
     + ["--total-timesteps", "10000000", "--checkpoint-every", "2000", *OURS],
     # Ape-X: the paper's n 3, alpha 0.6, beta 0.4, target copy every 2500 updates, clip 40, gamma 0.99; batch 64
-    # (512) and one update per 16 steps (4 sampled transitions per step; the paper's learner sampled fewer than
-    # one per actor step, which 2 cores cannot make up for in actors), replay 200k (2M; 11.3 GB of frames)
+    # (512) and one update per 16 steps (4 sampled transitions per step), replay 200k (2M; 11.3 GB of frames)
     "apex": [PY, str(ROOT / "algos/apex.py"), "--seed", "{seed}", "--env-id", "Pong-v5", "--batch-size", "64"]
     + ["--steps-per-update", "16", "--learning-rate", "1e-4", "--no-anneal-lr", "--buffer-size", "200000"]
     + ["--learning-starts", "50000", "--target-network-frequency", "2500", "--max-grad-norm", "40"]
