@@ -20,9 +20,11 @@ curves against frames and against training hours into docs/img/pong_<entry>.png.
   python benchmark/atari.py run --entries impala cleanrl_ppo --seeds 1 --hours 2
   python benchmark/atari.py report          # -> benchmark/results/atari_pong.json, docs/img/pong_*.png
   python benchmark/atari.py throughput --entries a3c apex r2d2 --minutes 5   # -> atari_throughput.json
+  python benchmark/atari.py clip --entry impala --seed 1 --start 20   # -> docs/img/pong_impala.gif
 
 `throughput` runs each entry's command alone for a few minutes in a scratch directory and records its steps/s
-(for the files whose Pong runs outlast this machine's sessions, to project their time).
+(for the files whose Pong runs outlast this machine's sessions, to project their time). `clip` cuts an excerpt
+of a finished run's evaluation video (the file's --capture-video MP4) into a GIF small enough for its page.
 """
 
 import argparse
@@ -45,6 +47,8 @@ RAW = ROOT / "benchmark" / "results" / "raw" / "atari"
 PEER_VENV = ROOT / "benchmark" / "peer-venv"
 THROUGHPUT = ROOT / "benchmark" / "results" / "atari_throughput.json"
 PY = sys.executable
+VIDEO_FPS = 30  # the files' evaluation videos (open_video)
+CLIP_FPS = 15  # the pages' excerpts keep every second frame
 TARGET = 18.0  # Pong: a 20-episode mean of 18 of 21 points
 PEER_FLUSH_S = 130  # the peer runs this long after its measures are taken (its events flush every 120 s)
 PEER_FILE = ROOT.parent / "shared" / "peers" / "cleanrl" / "ppo_atari_envpool.py"
@@ -242,6 +246,26 @@ def throughput(entries: list, minutes: float, seed: int) -> None:
         THROUGHPUT.write_text(json.dumps(results, indent=1))
 
 
+def clip(video: Path, out: Path, start_s: float, seconds: float) -> int:
+    """`seconds` of `video` from `start_s`, every second frame, as a looping GIF at CLIP_FPS. Returns the frame
+    count."""
+    import imageio.v2 as imageio_v2
+    import imageio.v3 as imageio_v3
+
+    first = round(start_s * VIDEO_FPS)
+    last = first + round(seconds * VIDEO_FPS)
+    step = VIDEO_FPS // CLIP_FPS
+    frames = []
+    with imageio_v2.get_reader(video) as reader:
+        for index, frame in enumerate(reader):
+            if index >= last:
+                break
+            if index >= first and (index - first) % step == 0:
+                frames.append(frame)
+    imageio_v3.imwrite(out, np.stack(frames), duration=1000 / CLIP_FPS, loop=0)
+    return len(frames)
+
+
 def measures(entry: str, seed: int) -> dict:
     """The report's figures of one run, from its TensorBoard events (and summary.json when it ended)."""
     seed_dir = RAW / f"{entry}_{seed}"
@@ -350,6 +374,11 @@ def main() -> None:
     speed.add_argument("--entries", nargs="+", choices=sorted(set(ENTRIES) - {"cleanrl_ppo"}), required=True)
     speed.add_argument("--minutes", type=float, default=5.0)
     speed.add_argument("--seed", type=int, default=1)
+    cut = sub.add_parser("clip", help="an excerpt of a run's evaluation video as docs/img/pong_<entry>.gif")
+    cut.add_argument("--entry", choices=sorted(set(ENTRIES) - {"cleanrl_ppo"}), required=True)
+    cut.add_argument("--seed", type=int, default=1)
+    cut.add_argument("--start", type=float, default=0.0, help="seconds into the video")
+    cut.add_argument("--seconds", type=float, default=10.0)
     a = p.parse_args()
     if a.what == "peer-venv":
         make_peer_venv()
@@ -358,6 +387,11 @@ def main() -> None:
         run(a.entries, a.seeds, a.hours, a.peer_min_hours)
     elif a.what == "throughput":
         throughput(a.entries, a.minutes, a.seed)
+    elif a.what == "clip":
+        video = next((RAW / f"{a.entry}_{a.seed}").glob("runs/*/videos/eval_episode0.mp4"))
+        out = ROOT / "docs" / "img" / f"pong_{a.entry}.gif"
+        frames = clip(video, out, a.start, a.seconds)
+        print(f"{out}: {frames} frames, {out.stat().st_size / 1024:.0f} KiB")
     else:
         report()
 

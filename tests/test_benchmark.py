@@ -90,3 +90,23 @@ def test_throughput_is_the_rate_of_the_windows_second_half(tmp_path, monkeypatch
     assert result["last_step"] == 9100
     assert "--resume" not in result["command"] and "--seed 1" in result["command"]
     assert (tmp_path / "raw" / "atari_throughput" / "fake" / "stdout.log").read_text().startswith("ready")
+
+
+def test_clip_keeps_every_second_frame_of_the_window(tmp_path):
+    """A video whose frame i shows a bright column at x = i: the clip from second 1 for 1 second holds the
+    frames 30, 32, ..., 58 in order."""
+    import imageio.v2 as imageio_v2
+    import imageio.v3 as imageio_v3
+    import numpy as np
+
+    video = tmp_path / "eval_episode0.mp4"
+    with imageio_v2.get_writer(video, fps=atari.VIDEO_FPS, macro_block_size=1) as writer:
+        for i in range(90):
+            frame = np.zeros((32, 96, 3), dtype=np.uint8)
+            frame[:, i] = 255
+            writer.append_data(frame)
+    out = tmp_path / "clip.gif"
+    assert atari.clip(video, out, start_s=1.0, seconds=1.0) == 15
+    frames = imageio_v3.imread(out, index=None)
+    columns = [int(frame[..., :3].sum(axis=(0, 2)).argmax()) for frame in frames]
+    assert columns == list(range(30, 60, 2))
