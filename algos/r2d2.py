@@ -64,7 +64,7 @@ class Args:
     anneal_lr: bool = True  # anneal the learning rate linearly to zero over total_timesteps (see docs/r2d2.md)
     adam_eps: float = 1e-3  # Adam's epsilon (paper: 1e-3)
     batch_size: int = 32  # sequences per learner update (paper: 64)
-    buffer_size: int = 20_000  # replay capacity in sequences; the oldest are evicted first (paper: 100k)
+    buffer_size: int = 40_000  # replay capacity in sequences; the oldest are evicted first (paper: 100k)
     gamma: float = 0.99  # discount factor (paper: 0.997, for episodes of thousands of steps)
     n_step: int = 5  # n of the n-step returns (paper: 5)
     sequence_length: int = 20  # steps of a replayed sequence that carry a loss (paper: 80)
