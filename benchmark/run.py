@@ -25,6 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
+APEX = [PY, str(ROOT / "algos/apex.py"), "--seed", "{seed}", "--exp-name", "bench"]
+R2D2_MASKED = [PY, str(ROOT / "algos/r2d2.py"), "--seed", "{seed}", "--exp-name", "bench", "--mask-velocity"]
 
 # suite -> entry -> command (list) for one seed; "{seed}" and "{out}" are filled in.
 SUITES = {
@@ -123,15 +125,22 @@ SUITES = {
         algo: [PY, str(ROOT / f"algos/{algo}.py"), "--seed", "{seed}", "--exp-name", "bench"]
         for algo in ["ddppo", "impala", "seed", "es", "ga", "a3c", "fedpg", "apex"]
     }
-    | {"r2d2": [PY, str(ROOT / "algos/r2d2.py"), "--seed", "{seed}", "--exp-name", "bench", "--mask-velocity"]},
+    | {"r2d2": R2D2_MASKED},
+    # the learning tests' short runs (tests/test_r2d2.py, tests/test_apex.py): the defaults with a small budget, and
+    # Ape-X on masked CartPole as the control that has no memory
+    "learning_proofs": {
+        "r2d2_masked_120k": [*R2D2_MASKED, "--total-timesteps", "120000"],
+        "apex_masked_120k": [*APEX, "--mask-velocity", "--total-timesteps", "120000"],
+        "apex_100k": [*APEX, "--total-timesteps", "100000"],
+    },
     "apex": {  # Ape-X with its defaults beside SB3's DQN (rl-zoo hyperparameters, given 200k steps)
-        "apex": [PY, str(ROOT / "algos/apex.py"), "--seed", "{seed}", "--exp-name", "bench"],
+        "apex": APEX,
         "sb3_dqn": [PY, str(ROOT / "benchmark/sb3_cartpole.py"), "--algo", "dqn", "--seed", "{seed}", "--out", "{out}"],
     },
     "r2d2": {  # masked CartPole (positions only): R2D2 and Ape-X, each with its defaults (both 400k environment steps)
         # plus --mask-velocity
-        "r2d2": [PY, str(ROOT / "algos/r2d2.py"), "--seed", "{seed}", "--exp-name", "bench", "--mask-velocity"],
-        "apex": [PY, str(ROOT / "algos/apex.py"), "--seed", "{seed}", "--exp-name", "bench", "--mask-velocity"],
+        "r2d2": R2D2_MASKED,
+        "apex": [*APEX, "--mask-velocity"],
     },
     # the two federated runs the learning tests assert: defaults (fedavg), and fedpg-br with 3 of 10 sign-flip
     "final_eval_fedpg": {
