@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -319,20 +320,35 @@ def sigterm_then_resume(runner: Runner, name: str, env_id: str, *args, nproc: in
     return runner.summary(env_id, "cut")
 
 
-def assert_solves(runner: Runner, name: str, *args, env_id: str = "CartPole-v1", seeds=(1, 2, 3, 4), need: int = 2):
-    """The final evaluation (what a user sees) reaches the env's threshold on at least `need` of `seeds`, stopping
-    as soon as that is decided. Floats differ between CPUs, so no single seed's path is relied on: the defaults
-    solve CartPole on at least 9 of 10 seeds in the benchmark (docs/<name>.md), and at a 0.9 success rate per
-    seed fewer than 2 of 4 succeed with probability 0.004, while a broken algorithm fails every seed."""
+# the final evaluation a short-budget learning proof asks for on CartPole (conventions §9): far above a policy that
+# learned nothing (a random one averages about 22) or one without memory on masked CartPole (about 40)
+LEARNED_FLOOR = 100.0
+
+
+def assert_solves(
+    runner: Runner,
+    name: str,
+    *args,
+    env_id: str = "CartPole-v1",
+    seeds=(1, 2, 3, 4),
+    need: int = 2,
+    threshold: Optional[float] = None,
+):
+    """The final evaluation (what a user sees) reaches `threshold` (default: the env's reward threshold) on at least
+    `need` of `seeds`, stopping as soon as that is decided. Floats differ between CPUs, so no single seed's path is
+    relied on: the defaults solve CartPole on at least 9 of 10 seeds in the benchmark (docs/<name>.md), and at a 0.9
+    success rate per seed fewer than 2 of 4 succeed with probability 0.004, while a broken algorithm fails every
+    seed. Files whose full runs are long pass a short budget in `args` and a lower `threshold` (conventions §9)."""
     results = []
     for seed in seeds:
         check_ok(runner.run(name, "--seed", seed, *args))
         s = runner.summary(env_id, name, seed=seed)
         results.append((seed, s["eval_return_mean"], s["time_to_threshold_s"]))
-        solved = sum(ret >= (s["reward_threshold"] or 475.0) for _, ret, _ in results)
+        target = threshold or s["reward_threshold"] or 475.0
+        solved = sum(ret >= target for _, ret, _ in results)
         if solved >= need or solved + len(seeds) - len(results) < need:
             break
-    assert solved >= need, f"{name}: (seed, final eval, time to threshold) = {results}"
+    assert solved >= need, f"{name}: (seed, final eval, time to threshold) = {results}, asked {target} on {need}"
 
 
 def start_actor(module, args, spec, net, num_buffers: int = 2):

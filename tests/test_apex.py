@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import (
     LAUNCH_KEYS,
+    LEARNED_FLOOR,
     SUMMARY_KEYS,
     assert_bad_argument,
     assert_solves,
@@ -360,12 +361,12 @@ def test_torchrun_deterministic_is_bitwise(runner, name):
     assert a["params_sha256"] == b["params_sha256"]
 
 
-@pytest.mark.timeout(6 * 260)  # up to 6 runs of 123-129 s here (400k steps), more elsewhere; 600 s is too few
-def test_learns_cartpole_with_defaults(runner):
-    """The defaults ended solved in 17 of 20 runs alone here (final eval 9/10, seeds 11-20 8/10; docs/apex.md), so
-    2 solved of up to 6 seeds are asked for: that fails with probability 0.002 at a 0.8 success rate per seed,
-    and 0.01 at 0.7."""
-    assert_solves(runner, "apex", seeds=(1, 2, 3, 4, 5, 6))
+def test_learns_cartpole_with_a_short_budget(runner):
+    """A quarter of the defaults' budget (conventions §9): with --total-timesteps 100000 the final evaluation reached
+    LEARNED_FLOOR on every one of 10 seeds (134-378 on the AMD EPYC; `python benchmark/run.py learning_proofs`,
+    docs/apex.md), far above a policy that learned nothing (a random one averages about 22). 2 of seeds 1-4 must reach
+    it. Whether the full 400k-step runs end solved is the final-eval benchmark's question."""
+    assert_solves(runner, "apex", "--total-timesteps", 100_000, threshold=LEARNED_FLOOR)
 
 
 @pytest.mark.parametrize("cpus", [1, 2, 3, 16])

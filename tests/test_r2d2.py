@@ -4,7 +4,7 @@ from the paper; the smoke/torchrun/determinism/failure runs it shares with Ape-X
 import numpy as np
 import pytest
 import torch
-from conftest import assert_solves, load_algo, start_actor
+from conftest import LEARNED_FLOOR, assert_solves, load_algo, start_actor
 
 r2d2 = load_algo("r2d2")
 
@@ -328,9 +328,10 @@ def test_masked_cartpole_keeps_positions_only():
     assert r2d2.observe(obs, True).tolist() == [[0.0, 2.0], [4.0, 6.0]] and r2d2.observe(obs, False) is obs
 
 
-@pytest.mark.timeout(4 * 300)  # up to 4 runs of about 250 s (final-eval benchmark); pytest.ini's 600 s fits two
-def test_learns_masked_cartpole_with_defaults(runner):
-    """The defaults plus --mask-velocity end solved on 9 of 10 seeds in the final-eval benchmark (docs/r2d2.md),
-    so the conventions' 2 of seeds 1-4 is asked for, while R2D2 without working recurrence (or Ape-X on the same
-    task) fails every seed."""
-    assert_solves(runner, "r2d2", "--mask-velocity")
+def test_learns_masked_cartpole_with_a_short_budget(runner):
+    """Learning with recurrence at 30% of the defaults' budget (conventions §9): with --total-timesteps 120000 the
+    final evaluation on masked CartPole reached LEARNED_FLOOR on every one of 10 seeds (162-494 on the AMD EPYC;
+    `python benchmark/run.py learning_proofs`, docs/r2d2.md), while an agent without memory stays near 40 (Ape-X on
+    the same task: 37.9-42.4 at this budget, at most 40.2 at 400k). 2 of seeds 1-4 must reach it. Whether the full
+    400k-step runs end solved is the final-eval benchmark's question."""
+    assert_solves(runner, "r2d2", "--mask-velocity", "--total-timesteps", 120_000, threshold=LEARNED_FLOOR)
