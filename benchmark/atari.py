@@ -9,7 +9,7 @@ benchmark/requirements-peer-atari.txt: it imports the old gym API), has no resum
 --peer-min-hours left, and the runner stops it once it has passed 2M steps and its 20-episode training mean has
 reached 18 (both measures taken; it then runs 130 s more so that its TensorBoard events are flushed), or at its
 own end. A peer run cut by --hours or by a stopped runner is moved aside (<dir>.cut<time>) and started anew by the
-next invocation.
+next invocation; `report` still gives its figures up to the cut (1M and 2M steps, steps/s), marked as cut.
 
 `report` reads the TensorBoard events of every run: the 20-episode training mean of the returns (raw game score)
 at 1M and 2M steps, the training time (steps / the logged steps per second, so start-up is not in it) and step at
@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 from run import machine
@@ -192,7 +193,8 @@ def run(entries: list, seeds: list, hours: float, peer_min_hours: float) -> None
             left_hours = (deadline - time.time()) / 3600
             if left_hours <= 0:
                 return
-            if entry == "cleanrl_ppo" and left_hours < peer_min_hours:
+            # a minute's slack, so that `--hours 2` starts a peer of `--peer-min-hours 2` as first entry
+            if entry == "cleanrl_ppo" and left_hours < peer_min_hours - 1 / 60:
                 print(f"cleanrl_ppo seed {seed}: {left_hours:.2f} h left, below --peer-min-hours; not started")
                 continue
             if not finished(entry, RAW / f"{entry}_{seed}") and run_segment(entry, seed, deadline) == "interrupted":
@@ -210,6 +212,17 @@ def scalar_points(run_dir: Path, key: str) -> list:
 def scalars(run_dir: Path, key: str):
     points = scalar_points(run_dir, key)
     return np.array([p.step for p in points], dtype=np.int64), np.array([p.value for p in points])
+
+
+def second_half_rate(points: list):
+    """Steps per second over the second half of a run's window, from the wall clock of its logged steps (start-up
+    and a replay's learning_starts phase, actors alone, are not in it)."""
+    wall = np.array([p.wall_time for p in points])
+    steps = np.array([p.step for p in points])
+    second_half = np.flatnonzero(wall >= (wall[0] + wall[-1]) / 2)[0]
+    if wall[-1] <= wall[second_half]:
+        return None  # fewer than two points in the second half: too slow to measure in this window
+    return float((steps[-1] - steps[second_half]) / (wall[-1] - wall[second_half]))
 
 
 def throughput(entries: list, minutes: float, seed: int) -> None:
@@ -230,16 +243,13 @@ def throughput(entries: list, minutes: float, seed: int) -> None:
             time.sleep(minutes * 60)
             stop(proc)
         points = scalar_points(next(run_dir.glob("runs/*")), "charts/SPS")
-        wall = np.array([p.wall_time for p in points])
-        steps = np.array([p.step for p in points])
-        second_half = np.flatnonzero(wall >= (wall[0] + wall[-1]) / 2)[0]
         updates = scalar_points(next(run_dir.glob("runs/*")), "stats/learner_updates_per_s")
         results[entry] = {
             "command": " ".join(cmd),
             "machine": machine(),
             "minutes": minutes,
-            "last_step": int(steps[-1]),
-            "steps_per_s": float((steps[-1] - steps[second_half]) / (wall[-1] - wall[second_half])),
+            "last_step": int(points[-1].step),
+            "steps_per_s": second_half_rate(points),
             "learner_updates_per_s": updates[-1].value if updates else None,
         }
         print(entry, json.dumps(results[entry]), flush=True)
@@ -266,9 +276,10 @@ def clip(video: Path, out: Path, start_s: float, seconds: float) -> int:
     return len(frames)
 
 
-def measures(entry: str, seed: int) -> dict:
-    """The report's figures of one run, from its TensorBoard events (and summary.json when it ended)."""
-    seed_dir = RAW / f"{entry}_{seed}"
+def measures(entry: str, seed: int, seed_dir: Optional[Path] = None) -> dict:
+    """The report's figures of one run, from its TensorBoard events (and summary.json when it ended). A peer run
+    that was cut (<dir>.cut<time>) still gives its figures up to the cut: `cut` says so."""
+    seed_dir = seed_dir or RAW / f"{entry}_{seed}"
     run_dir = next(seed_dir.glob("runs/*"))
     steps, returns = scalars(run_dir, "charts/episodic_return")
     sps_steps, sps = scalars(run_dir, "charts/SPS")
@@ -288,6 +299,7 @@ def measures(entry: str, seed: int) -> dict:
     return {
         "entry": entry,
         "seed": seed,
+        "cut": ".cut" in seed_dir.name,
         "command": segments[-1]["command"],
         "segments": [{k: s[k] for k in ("start", "end", "stopped", "returncode")} for s in segments],
         "machines": sorted({f"{s['machine']['cpu']} ({s['machine']['cores']} cores)" for s in segments}),
@@ -336,9 +348,9 @@ def plot(entry: str, runs: list, peer_runs: list) -> Path:
 def report() -> None:
     runs = []
     for seed_dir in sorted(RAW.glob("*_*")):
-        entry, seed = seed_dir.name.rsplit("_", 1)
-        if entry in ENTRIES and seed.isdigit() and (seed_dir / "segments.jsonl").exists():
-            runs.append(measures(entry, int(seed)))
+        name = re.fullmatch(r"(\w+)_(\d+)(\.cut\d+)?", seed_dir.name)
+        if name and name.group(1) in ENTRIES and (seed_dir / "segments.jsonl").exists():
+            runs.append(measures(name.group(1), int(name.group(2)), seed_dir))
     peer_runs = [r for r in runs if r["entry"] == "cleanrl_ppo"]
     for entry in sorted({r["entry"] for r in runs} - {"cleanrl_ppo"}):
         print("plot:", plot(entry, [r for r in runs if r["entry"] == entry], peer_runs))
@@ -352,7 +364,8 @@ def report() -> None:
             return "-" if value is None else fmt.format(value)
 
         print(
-            f"| {r['entry']} {r['seed']} | {r['last_step']:,} | {r['train_hours']:.2f} | {show(r['sps'], '{:.0f}')} "
+            f"| {r['entry']} {r['seed']}{' (cut)' if r['cut'] else ''} | {r['last_step']:,} | {r['train_hours']:.2f} "
+            f"| {show(r['sps'], '{:.0f}')} "
             f"| {show(r['mean20_at_1M'])} | {show(r['mean20_at_2M'])} "
             f"| {show(r['step_to_18'], '{:,}')}, {show(r['train_hours_to_18'], '{:.2f}')} "
             f"| {show(r['eval_return_mean'])} |"

@@ -1,27 +1,38 @@
-"""Benchmark runner: time to CartPole-v1's threshold, side by side with peers, seeds interleaved.
+"""Benchmark runner: a suite's entries (our files and the peers) over seeds, here or on SLURM, with its tables.
 
-Each entry runs as its own process, one at a time, in a scratch directory; every entry writes a summary.json
-whose `time_to_threshold_s` counts training time, from its own training start (the first environment step after
-set-up; SB3: its first callback), and whose `startup_s` is the time from process start to training start. Entries
-alternate seed by seed (ours, peer, ours, peer, ...) so that drift of a shared machine hits both alike.
+Each entry runs as its own process in a scratch directory, benchmark/results/raw/<suite>/<entry>_<seed>/ (kept:
+benchmark/plot.py reads its TensorBoard events), and writes a summary.json whose `time_to_threshold_s` counts
+training time, from its own training start (the first environment step after set-up; SB3: its first callback),
+and whose `startup_s` is the time from process start to training start. Entries alternate seed by seed (ours,
+peer, ours, peer, ...) so that drift of a shared machine hits both alike. Here the runs go one at a time (or
+--parallel N, with a progress bar where tqdm is installed); with --slurm they go as one array job (the template
+scripts/slurm_benchmark.sbatch, filled in and submitted with `sbatch --wait`). The results file records machine,
+commit, commands and every run's summary; <out>.md and <out>.csv beside it hold the table (mean ± std over seeds).
 
-  python benchmark/run.py ddppo --seeds 1 2 3 4 5        # -> benchmark/results/ddppo_cartpole.json
+  python benchmark/run.py ddppo --seeds 1 2 3 4 5        # -> benchmark/results/ddppo_cartpole.json, .md, .csv
   python benchmark/run.py ddppo --seeds 1 --entries ddppo # ours only
+  python benchmark/run.py final_eval --seeds 1 2 --dry-run  # the commands, nothing run
+  SBATCH_PARTITION=cpu python benchmark/run.py final_eval --seeds 1 2 3 --slurm   # sbatch's variables apply
 """
 
-import argparse
+import csv
 import datetime
 import json
 import math
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import List, Literal, Optional
+
+import tyro
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -132,6 +143,16 @@ SUITES = {
         "r2d2_masked_120k": [*R2D2_MASKED, "--total-timesteps", "120000"],
         "apex_masked_120k": [*APEX, "--mask-velocity", "--total-timesteps", "120000"],
         "apex_100k": [*APEX, "--total-timesteps", "100000"],
+    },
+    "smoke": {  # tiny runs of two files: the runner's own tests (tests/test_benchmark.py, tests/test_slurm.py)
+        "ddppo": [
+            *[PY, str(ROOT / "algos/ddppo.py"), "--seed", "{seed}", "--exp-name", "bench"],
+            *["--total-timesteps", "2048", "--local-num-envs", "4", "--eval-episodes", "2"],
+        ],
+        "es": [
+            *[PY, str(ROOT / "algos/es.py"), "--seed", "{seed}", "--exp-name", "bench"],
+            *["--total-timesteps", "2000", "--eval-episodes", "2"],
+        ],
     },
     "apex": {  # Ape-X with its defaults beside SB3's DQN (rl-zoo hyperparameters, given 200k steps)
         "apex": APEX,
@@ -250,33 +271,161 @@ def machine() -> dict:
             text=True,
         ).stdout.strip()
     )
+    gpu = (
+        subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+        if shutil.which("nvidia-smi")
+        else None
+    )
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
+        "gpu": gpu.stdout.strip() if gpu and gpu.returncode == 0 else None,
         "python": platform.python_version(),
         "commit": commit + ("+dirty" if dirty else ""),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
     }
 
 
-def run_one(cmd_template: list, seed: int, cwd: Path) -> dict:
-    """Run one entry for one seed in `cwd` (kept, so that benchmark/plot.py can read its TensorBoard events)."""
-    shutil.rmtree(cwd, ignore_errors=True)
-    cwd.mkdir(parents=True)
-    out = cwd / "summary.json"
-    cmd = [c.format(seed=seed, out=out) for c in cmd_template]
+@dataclass
+class Config:
+    """Run a suite's entries over seeds, here or as a SLURM array job, and write its tables."""
+
+    suite: tyro.conf.Positional[Literal[tuple(SUITES)]]
+    seeds: List[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
+    entries: List[str] = field(default_factory=list)  # a subset of the suite's entries (default: all)
+    runs_dir: Optional[str] = None  # where the runs go (default: benchmark/results/raw/<suite>; SLURM: shared disk)
+    out: Optional[str] = None  # results file (default: benchmark/results/<suite>_cartpole.json; .md and .csv beside)
+    parallel: int = 1  # runs at a time here (long budgets: they share the CPUs); SLURM: N > 1 caps the running tasks
+    dry_run: bool = False  # print the commands (with their directories) and run nothing
+    slurm: bool = False  # submit the runs as one SLURM array job (scripts/slurm_benchmark.sbatch), wait, collect
+    cpus_per_task: int = 2  # SLURM: CPUs of each array task
+    time_limit: str = "01:00:00"  # SLURM: time limit of each array task
+
+
+@dataclass
+class Job:
+    entry: str
+    seed: int
+    command: List[str]
+    cwd: Path  # the run's scratch directory, kept so that benchmark/plot.py can read its TensorBoard events
+
+
+def runs_dir(config: Config) -> Path:
+    return Path(config.runs_dir or ROOT / "benchmark" / "results" / "raw" / config.suite).resolve()
+
+
+def expand(config: Config) -> List[Job]:
+    """The suite's commands over entries and seeds, seed by seed (ours, peer, ours, peer, ...)."""
+    suite = SUITES[config.suite]
+    unknown = sorted(set(config.entries) - set(suite))
+    if unknown:
+        raise SystemExit(f"run.py: error: --entries: {unknown} not in suite {config.suite}: {sorted(suite)}")
+    names = [name for name in suite if not config.entries or name in config.entries]
+    jobs = []
+    for seed in config.seeds:
+        for name in names:
+            cwd = runs_dir(config) / f"{name}_{seed}"
+            command = [part.format(seed=seed, out=cwd / "summary.json") for part in suite[name]]
+            jobs.append(Job(name, seed, command, cwd))
+    return jobs
+
+
+def prepare(job: Job) -> None:
+    shutil.rmtree(job.cwd, ignore_errors=True)
+    job.cwd.mkdir(parents=True)
+
+
+def read_summary(job: Job) -> dict:
+    """The run's summary.json (SB3's at --out, algos/ files' at runs/<run_name>/summary.json)."""
+    out = job.cwd / "summary.json"
+    if not out.exists():
+        found = list(job.cwd.glob("runs/*/summary.json"))
+        if not found:
+            log = job.cwd / "stdout.log"
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            raise SystemExit(f"{shlex.join(job.command)} wrote no summary.json (in {job.cwd}):\n{tail}")
+        out = found[0]
+    return json.loads(out.read_text())
+
+
+def run_one(job: Job) -> dict:
+    """Run one entry for one seed in its directory; its output goes to stdout.log there."""
+    prepare(job)
     env = dict(os.environ, WANDB_MODE="disabled", PYTHONWARNINGS="ignore")
-    t0 = time.time()
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    external = time.time() - t0
-    (cwd / "stdout.log").write_text(proc.stdout + proc.stderr)
+    start = time.time()
+    proc = subprocess.run(job.command, cwd=job.cwd, env=env, capture_output=True, text=True)
+    external = time.time() - start
+    (job.cwd / "stdout.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-    if not out.exists():  # algos/ files write runs/<run_name>/summary.json
-        out = next(cwd.glob("runs/*/summary.json"))
-    summary = json.loads(out.read_text())
+        raise SystemExit(f"{shlex.join(job.command)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    summary = read_summary(job)
     summary["external_wall_s"] = external
     return summary
+
+
+def progress_bar(total: int):
+    """tqdm (benchmark/requirements.txt) where it is installed, else a line per finished run is all."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="run", dynamic_ncols=True)
+
+
+def run_here(jobs: List[Job], parallel: int) -> List[dict]:
+    bar = progress_bar(len(jobs))
+    write = bar.write if bar else print
+
+    def one(job: Job) -> dict:
+        r = run_one(job)
+        write(
+            f"seed {job.seed} {job.entry:10s} time_to_threshold={r['time_to_threshold_s']} s "
+            f"steps={r.get('threshold_step')} sps={r['sps']:.0f} eval={r.get('eval_return_mean')} "
+            f"wall={r['external_wall_s']:.1f} s"
+        )
+        if bar:
+            bar.update(1)
+        return r
+
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        summaries = list(pool.map(one, jobs))
+    if bar:
+        bar.close()
+    return summaries
+
+
+def run_slurm(jobs: List[Job], config: Config) -> List[dict]:
+    """One array job, a task per run: renders scripts/slurm_benchmark.sbatch with the jobs file, submits it with
+    `sbatch --wait` (which returns when every task has ended) and reads each run's summary.json."""
+    raw = runs_dir(config)
+    raw.mkdir(parents=True, exist_ok=True)
+    for job in jobs:
+        prepare(job)
+    lines = [f"cd {shlex.quote(str(job.cwd))} && exec {shlex.join(job.command)} > stdout.log 2>&1" for job in jobs]
+    jobs_file = raw / "slurm_jobs.txt"
+    jobs_file.write_text("\n".join(lines) + "\n")
+    template = (ROOT / "scripts" / "slurm_benchmark.sbatch").read_text()
+    script = raw / "slurm_benchmark.sbatch"
+    script.write_text(
+        template.format(
+            job_name=f"distrl-{config.suite}",
+            cpus_per_task=config.cpus_per_task,
+            time_limit=config.time_limit,
+            array=f"0-{len(jobs) - 1}" + (f"%{config.parallel}" if config.parallel > 1 else ""),
+            jobs_file=shlex.quote(str(jobs_file)),
+        )
+    )
+    env = dict(os.environ, WANDB_MODE="disabled", PYTHONWARNINGS="ignore")
+    command = ["sbatch", "--parsable", "--wait", str(script)]  # SBATCH_PARTITION, SBATCH_ACCOUNT, ... apply
+    print("submitting:", shlex.join(command), flush=True)
+    proc = subprocess.run(command, cwd=raw, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        failed = [job for job in jobs if not [*job.cwd.glob("runs/*/summary.json"), *job.cwd.glob("summary.json")]]
+        raise SystemExit(
+            f"sbatch exited {proc.returncode} ({proc.stderr.strip()[-500:]}); runs without summary.json: "
+            + ", ".join(f"{job.entry} seed {job.seed} ({job.cwd}/stdout.log)" for job in failed)
+        )
+    return [read_summary(job) for job in jobs]
 
 
 def median(values):
@@ -284,39 +433,22 @@ def median(values):
     return statistics.median(values) if values else None
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("suite", choices=sorted(SUITES))
-    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
-    p.add_argument("--entries", nargs="+", help="subset of the suite's entries")
-    p.add_argument("--out", help="results file (default: benchmark/results/<suite>_cartpole.json)")
-    p.add_argument("--parallel", type=int, default=1, help="runs at a time (long budgets; they then share the CPUs)")
-    a = p.parse_args()
-    entries = {k: v for k, v in SUITES[a.suite].items() if not a.entries or k in a.entries}
-    results = {name: [] for name in entries}
-    jobs = [(seed, name) for seed in a.seeds for name in entries]
+def mean_std(values):
+    """(mean, population std) of the values that exist, or (None, None)."""
+    values = [v for v in values if v is not None]
+    return (statistics.fmean(values), statistics.pstdev(values)) if values else (None, None)
 
-    def job(seed_name):
-        seed, name = seed_name
-        r = run_one(entries[name], seed, ROOT / "benchmark" / "results" / "raw" / a.suite / f"{name}_{seed}")
-        print(
-            f"seed {seed} {name:10s} time_to_threshold={r['time_to_threshold_s']} s steps={r.get('threshold_step')} "
-            f"sps={r['sps']:.0f} eval={r.get('eval_return_mean')} wall={r['external_wall_s']:.1f} s",
-            flush=True,
-        )
-        return r
 
-    with ThreadPoolExecutor(max_workers=a.parallel) as pool:
-        for (_, name), r in zip(jobs, pool.map(job, jobs), strict=True):
-            results[name].append(r)
-    table = {
-        name: {
-            "time_to_threshold_median_s": median([r["time_to_threshold_s"] for r in rs]),
-            "time_to_threshold_range_s": [
-                min((r["time_to_threshold_s"] for r in rs if r["time_to_threshold_s"]), default=None),
-                max((r["time_to_threshold_s"] for r in rs if r["time_to_threshold_s"]), default=None),
-            ],
-            "reached": sum(r["time_to_threshold_s"] is not None for r in rs),
+def aggregate(results: dict) -> dict:
+    """Per entry: medians and ranges (as the pages quote them) and mean ± std over seeds."""
+    table = {}
+    for name, rs in results.items():
+        reached = [r["time_to_threshold_s"] for r in rs if r["time_to_threshold_s"] is not None]
+        evals = [r["eval_return_mean"] for r in rs if "eval_return_mean" in r]
+        table[name] = {
+            "time_to_threshold_median_s": median(reached),
+            "time_to_threshold_range_s": [min(reached, default=None), max(reached, default=None)],
+            "reached": len(reached),
             "runs": len(rs),
             "threshold_step_median": median([r.get("threshold_step") for r in rs]),
             "startup_median_s": median([r.get("startup_s") for r in rs]),
@@ -327,48 +459,106 @@ def main() -> None:
                 if any(f"trajectories_per_client_to_{what}" in r for r in rs)
             },
             "episodes_per_s_median": median([r.get("episodes_per_s") for r in rs]),
-            "eval_return_median": median([r.get("eval_return_mean") for r in rs]),
-            "eval_return_min": min((r["eval_return_mean"] for r in rs if "eval_return_mean" in r), default=None),
+            "eval_return_median": median(evals),
+            "eval_return_min": min(evals, default=None),
             "eval_solved": sum(
                 r.get("eval_return_mean", -math.inf) >= (r.get("reward_threshold") or 475.0) for r in rs
             ),
+            "eval_return_mean_std": mean_std(evals),
+            "time_to_threshold_mean_std_s": mean_std(reached),
+            "threshold_step_mean_std": mean_std([r.get("threshold_step") for r in rs]),
+            "sps_mean_std": mean_std([r["sps"] for r in rs]),
         }
-        for name, rs in results.items()
-    }
+    return table
+
+
+def show(pair, fmt: str = "{:.1f}") -> str:
+    mean, std = pair
+    return "-" if mean is None else f"{fmt.format(mean)} ± {fmt.format(std)}"
+
+
+COLUMNS = ["entry", "runs", "final eval", "solved", "time to threshold (s)", "reached", "steps to threshold", "SPS"]
+
+
+def table_rows(table: dict) -> List[List[str]]:
+    """One row per entry: mean ± std over seeds (time and steps over the runs that reached the threshold)."""
+    return [
+        [
+            name,
+            str(t["runs"]),
+            show(t["eval_return_mean_std"]),
+            f"{t['eval_solved']}/{t['runs']}" if t["eval_return_min"] is not None else "-",
+            show(t["time_to_threshold_mean_std_s"], "{:.2f}"),
+            f"{t['reached']}/{t['runs']}",
+            show(t["threshold_step_mean_std"], "{:.0f}"),
+            show(t["sps_mean_std"], "{:.0f}"),
+        ]
+        for name, t in table.items()
+    ]
+
+
+def write_tables(record: dict, out: Path) -> None:
+    """<out>.md (the table with machine, commit and commands) and <out>.csv (the same rows)."""
+    rows = table_rows(record["table"])
+    m = record["machine"]
+    how = "one SLURM array job" if record["slurm"] else f"{record['parallel']} run(s) at a time"
+    md = [
+        f"# {record['suite']}: mean ± std over seeds {record['seeds']}",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, GPU: {m.get('gpu') or 'none'}; commit `{m['commit']}`, {m['date']}.",
+        f"Runner: `{record['command']}` ({how}).",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+        *["| " + " | ".join(row) + " |" for row in rows],
+        "",
+        f"Commands (seed {record['seeds'][0]}'s; the others differ only in --seed):",
+        "",
+        *[f"- {name}: `{command}`" for name, command in record["commands"].items()],
+        "",
+    ]
+    out.with_suffix(".md").write_text("\n".join(md))
+    with open(out.with_suffix(".csv"), "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(COLUMNS)
+        writer.writerows(rows)
+
+
+def main(config: Config) -> int:
+    jobs = expand(config)
+    if config.dry_run:
+        for job in jobs:
+            print(f"(cd {shlex.quote(str(job.cwd))} && {shlex.join(job.command)})")
+        return 0
+    summaries = run_slurm(jobs, config) if config.slurm else run_here(jobs, config.parallel)
+    results = {}
+    for job, summary in zip(jobs, summaries, strict=True):
+        results.setdefault(job.entry, []).append(summary)
+    table = aggregate(results)
     record = {
-        "suite": a.suite,
+        "suite": config.suite,
         "machine": machine(),
-        "seeds": a.seeds,
-        "command": " ".join(sys.argv),
-        "parallel": a.parallel,
+        "seeds": config.seeds,
+        "command": shlex.join(["python", "benchmark/run.py", *sys.argv[1:]]),
+        "commands": {job.entry: shlex.join(job.command) for job in jobs if job.seed == config.seeds[0]},
+        "parallel": config.parallel,
+        "slurm": config.slurm,
+        **(
+            {"nodes": "the runs ran on the array's nodes: each slurm-*.out in --runs-dir starts with its host"}
+            if config.slurm
+            else {}
+        ),
         "table": table,
         "runs": results,
     }
-    out = Path(a.out or ROOT / "benchmark" / "results" / f"{a.suite}_cartpole.json")
+    out = Path(config.out or ROOT / "benchmark" / "results" / f"{config.suite}_cartpole.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2))
-    print(
-        "\n| entry | time to threshold, median [range] | reached | steps to threshold (median) | SPS (median) "
-        "| episodes/s (median) | start-up (median) | final eval: solved, median, min |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for name, t in table.items():
-        lo, hi = t["time_to_threshold_range_s"]
-        rng = f"{t['time_to_threshold_median_s']:.2f} s [{lo:.2f}-{hi:.2f}]" if lo is not None else "not reached"
-        steps = f"{t['threshold_step_median']:.0f}" if t["threshold_step_median"] else "-"
-        eps = f"{t['episodes_per_s_median']:.0f}" if t["episodes_per_s_median"] else "-"
-        final = (
-            f"{t['eval_solved']}/{t['runs']}, {t['eval_return_median']:.1f}, {t['eval_return_min']:.1f}"
-            if t["eval_return_min"] is not None
-            else "- (stops at the threshold)"
-        )
-        startup = f"{t['startup_median_s']:.2f} s" if t["startup_median_s"] is not None else "-"
-        print(
-            f"| {name} | {rng} | {t['reached']}/{t['runs']} | {steps} | {t['sps_median']:.0f} | {eps} "
-            f"| {startup} | {final} |"
-        )
-    print(f"\nwritten to {out} ({record['machine']})")
+    write_tables(record, out)
+    print(out.with_suffix(".md").read_text())
+    print(f"written to {out} (and .md, .csv beside it)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(tyro.cli(Config, description=__doc__)))

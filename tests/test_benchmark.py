@@ -1,7 +1,9 @@
-"""benchmark/atari.py's figures, read back from TensorBoard events written here with known values, and the
-rule that stops the peer."""
+"""benchmark/: the runner (run.py: commands, a suite run here, its tables), and atari.py's figures, read back from
+TensorBoard events written here with known values, and the rule that stops the peer."""
 
+import csv
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +12,94 @@ from torch.utils.tensorboard import SummaryWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
 import atari  # noqa: E402
+import results_table  # noqa: E402
+import run  # noqa: E402
+from conftest import check_ok, child_env  # noqa: E402
+
+RUNNER = Path(run.__file__)
+NINE = ["a3c", "apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"]
+
+
+def test_readme_results_table_agrees_with_the_results_files():
+    """README's table is what benchmark/results_table.py makes of the committed results files, a row per file."""
+    block = results_table.readme_block(results_table.README.read_text())
+    assert block == results_table.table(), "README's results table is stale: run python benchmark/results_table.py"
+    rows = [line for line in block.splitlines() if line.startswith("| ")][1:]
+    assert [row.split(" | ")[0][2:] for row in rows] == [name for name, *_ in results_table.SOURCES]
+    assert {entry.split("_")[0] for *_, entry in results_table.SOURCES} == set(NINE)  # every file has a row
+
+
+def test_dry_run_prints_every_command_and_runs_nothing(tmp_path):
+    runs = tmp_path / "runs"
+    proc = subprocess.run(
+        [sys.executable, RUNNER, "final_eval", "--seeds", "1", "2", "--dry-run", "--runs-dir", runs],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    check_ok(proc)
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 2 * len(NINE)
+    for algo in NINE:
+        mine = [line for line in lines if f"algos/{algo}.py" in line]
+        assert [f"--seed {seed}" in line for seed, line in zip([1, 2], mine, strict=True)] == [True, True], mine
+    assert all(f"{runs}/" in line for line in lines) and not runs.exists()
+
+
+def test_unknown_entry_is_refused(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, RUNNER, "smoke", "--entries", "nosuch", "--dry-run"], capture_output=True, text=True
+    )
+    assert proc.returncode != 0 and "nosuch" in proc.stderr
+
+
+def test_table_is_mean_and_std_over_seeds_of_the_runs_that_have_the_figure():
+    runs = {
+        "a": [
+            {"time_to_threshold_s": 2.0, "threshold_step": 100, "sps": 10.0, "eval_return_mean": 500.0},
+            {"time_to_threshold_s": 4.0, "threshold_step": 300, "sps": 30.0, "eval_return_mean": 400.0},
+            {"time_to_threshold_s": None, "threshold_step": None, "sps": 20.0, "eval_return_mean": 100.0},
+        ]
+    }
+    t = run.aggregate(runs)["a"]
+    assert t["time_to_threshold_mean_std_s"] == (3.0, 1.0) and t["threshold_step_mean_std"] == (200.0, 100.0)
+    assert t["sps_mean_std"][0] == 20.0 and t["eval_return_mean_std"][0] == pytest.approx(1000 / 3)
+    assert t["reached"] == 2 and t["eval_solved"] == 1 and t["runs"] == 3  # solved: 475 or more
+    # eval 500, 400, 100: mean 333.3, std 170.0; SPS 10, 30, 20: 20 ± 8.2; time and steps over the 2 that reached it
+    assert run.table_rows({"a": t})[0] == [
+        "a",
+        "3",
+        "333.3 ± 170.0",
+        "1/3",
+        "3.00 ± 1.00",
+        "2/3",
+        "200 ± 100",
+        "20 ± 8",
+    ]
+
+
+def test_a_suite_runs_here_two_at_a_time_and_writes_its_tables(tmp_path):
+    """The tiny `smoke` suite, 2 seeds, 2 runs at a time: every run's summary in the record, and the .md and .csv
+    tables agree with it."""
+    out = tmp_path / "smoke.json"
+    proc = subprocess.run(
+        [sys.executable, RUNNER, "smoke", "--seeds", "1", "2", "--parallel", "2", "--runs-dir", tmp_path, "--out", out],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=300,
+    )
+    check_ok(proc)
+    record = json.loads(out.read_text())
+    assert record["command"].startswith("python benchmark/run.py smoke") and record["machine"]["cpu"]
+    for entry in ["ddppo", "es"]:
+        assert [summary["seed"] for summary in record["runs"][entry]] == [1, 2]
+        assert (tmp_path / f"{entry}_2" / "stdout.log").exists()
+    rows = list(csv.reader(open(out.with_suffix(".csv"))))
+    assert rows[0] == run.COLUMNS and [row[0] for row in rows[1:]] == ["ddppo", "es"]
+    evals = [summary["eval_return_mean"] for summary in record["runs"]["ddppo"]]
+    assert rows[1][2] == f"{sum(evals) / 2:.1f} ± {abs(evals[0] - evals[1]) / 2:.1f}"
+    assert "| ddppo | 2 | " + rows[1][2] in out.with_suffix(".md").read_text()
 
 
 def test_pong_figures_from_a_runs_events(tmp_path, monkeypatch):
@@ -49,6 +139,11 @@ def test_pong_figures_from_a_runs_events(tmp_path, monkeypatch):
     assert r["train_hours_to_18"] == pytest.approx(train_seconds(episodes[first][0]) / 3600, rel=1e-5)
     assert r["last_step"] == 3_000_000 and r["sps"] == pytest.approx(500)
     assert r["eval_return_mean"] is None  # no summary.json: the run has not ended
+    assert not r["cut"]
+    # a peer run cut by the deadline (moved aside) still gives its figures up to the cut, marked as cut
+    cut_dir = seed_dir.rename(tmp_path / "cleanrl_ppo_1.cut1700000000")
+    cut = atari.measures("cleanrl_ppo", 1, cut_dir)
+    assert cut["cut"] and cut["mean20_at_1M"] == r["mean20_at_1M"] and cut["step_to_18"] == r["step_to_18"]
 
 
 def test_the_peer_is_stopped_only_past_2m_steps_with_a_20_episode_mean_of_18():
