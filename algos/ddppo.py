@@ -10,6 +10,7 @@ fraction `sync_frac` of the ranks has finished its rollout, so stragglers do not
   torchrun --standalone --nproc_per_node=2 algos/ddppo.py           # 2 ranks on one machine
 """
 
+import importlib
 import json
 import math
 import os
@@ -845,6 +846,9 @@ def setup_distributed(args: Args):
         torch.cuda.set_device(device)
     store = None
     if args.world_size > 1:
+        # torch.optim imports torch._dynamo on first use; imported once the group exists, it keeps references to
+        # the group, destroy_process_group then leaves gloo's threads running, and a rank can abort as it exits
+        importlib.import_module("torch._dynamo")
         dist.init_process_group("nccl" if use_cuda else "gloo", init_method="env://")
         if args.preempt:
             store = dist.distributed_c10d._get_default_store()

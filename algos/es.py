@@ -14,6 +14,7 @@ bytes), never parameters or gradients: every worker applies the same update to i
 import ctypes
 import functools
 import hashlib
+import importlib
 import json
 import math
 import os
@@ -627,6 +628,9 @@ def setup_distributed(args: Args) -> None:
     args.rank = int(os.environ.get("RANK", "0"))
     args.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if args.world_size > 1:
+        # torch.optim imports torch._dynamo on first use; imported once the group exists, it keeps references to
+        # the group, destroy_process_group then leaves gloo's threads running, and a rank can abort as it exits
+        importlib.import_module("torch._dynamo")
         dist.init_process_group("gloo", init_method="env://")
 
 

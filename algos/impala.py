@@ -13,6 +13,7 @@ learner with its own actors; learners all-reduce gradients.
 
 import ctypes
 import hashlib
+import importlib
 import json
 import math
 import os
@@ -976,6 +977,9 @@ def setup_distributed(args: Args):
     if use_cuda:
         torch.cuda.set_device(device)
     if args.world_size > 1:
+        # torch.optim imports torch._dynamo on first use; imported once the group exists, it keeps references to
+        # the group, destroy_process_group then leaves gloo's threads running, and a rank can abort as it exits
+        importlib.import_module("torch._dynamo")
         dist.init_process_group("nccl" if use_cuda else "gloo", init_method="env://")
     return device
 

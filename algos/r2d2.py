@@ -15,6 +15,7 @@ and replay; every other rank is one more actor shipping blocks through torch.dis
 
 import ctypes
 import hashlib
+import importlib
 import json
 import math
 import os
@@ -1330,6 +1331,9 @@ def setup_distributed(args: Args):
         torch.cuda.set_device(device)
     groups = {}
     if args.world_size > 1:
+        # torch.optim imports torch._dynamo on first use; imported once the group exists, it keeps references to
+        # the group, destroy_process_group then leaves gloo's threads running, and a rank can abort as it exits
+        importlib.import_module("torch._dynamo")
         dist.init_process_group("gloo", init_method="env://")
         # every rank creates every group
         groups = {rank: dist.new_group([0, rank]) for rank in range(1, args.world_size)}
