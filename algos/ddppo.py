@@ -70,7 +70,7 @@ class Args:
     norm_reward: tyro.conf.DisallowNone[Optional[bool]] = None
     clip_obs: float = 10.0  # normalized observations are clipped to [-clip_obs, clip_obs]
     clip_reward: float = 10.0  # scaled rewards are clipped to [-clip_reward, clip_reward]
-    torch_threads: int = 0  # torch threads per rank (0: this process's CPUs divided among the node's ranks)
+    torch_threads: int = 0  # torch threads per rank (0: 1, safe beside other processes; docs/ddppo.md: when more pay)
     env_threads: int = 0  # envpool worker threads per rank (0: 1)
     # --- distributed ---
     preempt: bool = True  # preempt stragglers once sync_frac of the ranks finished their rollout
@@ -801,13 +801,6 @@ def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float
 
 
 # ----------------------------------------------------------------------------------------------- distribution
-def available_cpus() -> int:
-    """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not
-    the machine's core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE).
-    Linux, as /proc."""
-    return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-
-
 def global_sum(values: list, device, world_size: int) -> torch.Tensor:
     """Per-rank numbers summed over all ranks: one all-reduce of a float64 tensor on `device` (NCCL:
     the GPU)."""
@@ -858,7 +851,7 @@ def setup_distributed(args: Args):
 def seed_everything(args: Args, device) -> None:
     """Threads and seeds (the same on every rank: identical initial weights); deterministic kernels
     on CUDA (the CPU ones used here are deterministic already)."""
-    torch.set_num_threads(args.torch_threads or available_cpus())
+    torch.set_num_threads(args.torch_threads or 1)
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)

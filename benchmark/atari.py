@@ -72,7 +72,8 @@ ENTRIES = {
     "ddppo": [PY, str(ROOT / "algos/ddppo.py"), "--seed", "{seed}", "--env-id", "Pong-v5", "--local-num-envs", "8"]
     + ["--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "4", "--learning-rate", "2.5e-4"]
     + ["--gamma", "0.99", "--gae-lambda", "0.95", "--clip-coef", "0.1", "--clip-vloss", "--ent-coef", "0.01"]
-    + ["--total-timesteps", "10000000", "--env-threads", "2", "--checkpoint-every", "100", *OURS],
+    + ["--total-timesteps", "10000000", "--env-threads", "2", "--torch-threads", "2"]
+    + ["--checkpoint-every", "100", *OURS],
     # A3C: shared RMSProp (lr 7e-4, the paper's decay 0.99; eps 0.1 is the file's default, not stated there),
     # t_max 5, entropy 0.01, clip 40; 8 envs per worker rather than the paper's 1 (batched inference: two
     # workers on two cores)
