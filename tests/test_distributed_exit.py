@@ -1,6 +1,6 @@
 """Every file that runs under torchrun has stopped gloo's threads by the time its interpreter ends. A gloo thread
 still running then can free a tensor after the interpreter is gone and abort the rank ("terminate called without an
-active exception", exit -6): it did in about 1 run in 15 of DD-PPO's preemption test on one CPU, because torch.optim
+active exception", exit -6): it did in 3 of 33 runs of DD-PPO's preemption test on one CPU, because torch.optim
 imports torch._dynamo on first use and, imported once the group existed, that kept the group alive past
 destroy_process_group. A hook in the ranks' interpreters checks, at their very end, that no gloo thread is left."""
 
