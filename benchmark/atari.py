@@ -47,6 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RAW = ROOT / "benchmark" / "results" / "raw" / "atari"
 PEER_VENV = ROOT / "benchmark" / "peer-venv"
 THROUGHPUT = ROOT / "benchmark" / "results" / "atari_throughput.json"
+# Sample Factory's APPO on Pong-v5 (envpool), its throughput beside ours; its own virtualenv (benchmark/peer_venvs.py)
+SAMPLE_FACTORY_PONG = [str(ROOT / "benchmark" / "sf-venv" / "bin" / "python"), str(ROOT / "benchmark" / "sf_pong.py")]
 PY = sys.executable
 VIDEO_FPS = 30  # the files' evaluation videos (open_video)
 CLIP_FPS = 15  # the pages' excerpts keep every second frame
@@ -235,6 +237,15 @@ def throughput(entries: list, minutes: float, seed: int) -> None:
         run_dir = RAW.with_name("atari_throughput") / entry
         shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.mkdir(parents=True)
+        if entry == "sf_appo":  # Sample Factory in its own virtualenv; it measures its own rate the same way
+            out = run_dir / "summary.json"
+            cmd = [*SAMPLE_FACTORY_PONG, "--seconds", str(int(minutes * 60)), "--seed", str(seed), "--out", str(out)]
+            with open(run_dir / "stdout.log", "w") as log:
+                subprocess.run(cmd, cwd=run_dir, stdout=log, stderr=subprocess.STDOUT, check=True)
+            results[entry] = {"machine": machine(), "minutes": minutes, **json.loads(out.read_text())}
+            print(entry, json.dumps(results[entry]), flush=True)
+            THROUGHPUT.write_text(json.dumps(results, indent=1))
+            continue
         cmd = [part.format(seed=seed) for part in ENTRIES[entry] if part not in ("--resume", "--capture-video")]
         env = dict(os.environ, WANDB_MODE="disabled", PYTHONWARNINGS="ignore")
         with open(run_dir / "stdout.log", "w") as log:
@@ -385,7 +396,9 @@ def main() -> None:
     go.add_argument("--peer-min-hours", type=float, default=2.0, help="start the peer (no resume) only with this left")
     sub.add_parser("report", help="figures and plots of every run so far")
     speed = sub.add_parser("throughput", help="steps/s of entries run alone for a few minutes each (no learning)")
-    speed.add_argument("--entries", nargs="+", choices=sorted(set(ENTRIES) - {"cleanrl_ppo"}), required=True)
+    speed.add_argument(
+        "--entries", nargs="+", choices=sorted(set(ENTRIES) - {"cleanrl_ppo"} | {"sf_appo"}), required=True
+    )
     speed.add_argument("--minutes", type=float, default=5.0)
     speed.add_argument("--seed", type=int, default=1)
     cut = sub.add_parser("clip", help="an excerpt of a run's evaluation video as docs/img/pong_<entry>.gif")

@@ -3,6 +3,7 @@ since process start and against environment steps, with the reward threshold.
 
   python benchmark/plot.py ddppo --entry ddppo --out docs/img/ddppo_cartpole.png
   python benchmark/plot.py evolution_mujoco --entry ga_hopper --key charts/elite_return --threshold 0 --out x.png
+  python benchmark/plot.py final_eval --overview --out docs/img/overview_cartpole.png    # every file, a panel each
 """
 
 import argparse
@@ -10,12 +11,17 @@ import json
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import run  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+SMOOTH_FROM = 100  # a run that logged fewer returns logs one per generation or round, not one per episode
+# the overview's scalar where a file's own threshold measure is another: the GA's elite, not its population's mean
+OVERVIEW_KEY = {"ga": "charts/elite_return"}
 
 
 def curves(run_dir: Path, key: str = "charts/episodic_return"):
@@ -25,24 +31,76 @@ def curves(run_dir: Path, key: str = "charts/episodic_return"):
     return [e.step for e in events], [e.wall_time for e in events], [e.value for e in events]
 
 
+def seed_runs(raw: Path, entry: str, key: str):
+    """Every kept seed of an entry: its summary, and the scalar's steps, seconds since process start and values."""
+    for seed_dir in sorted(d for d in raw.glob(f"{entry}_*") if d.name[len(entry) + 1 :].isdigit()):
+        run_dir = next(seed_dir.glob("runs/*"))
+        summary = json.loads((run_dir / "summary.json").read_text())
+        steps, walls, values = curves(run_dir, key)
+        # process start = (time the summary was written) - wall_time_s
+        t0 = (run_dir / "summary.json").stat().st_mtime - summary["wall_time_s"]
+        yield summary, steps, [w - t0 for w in walls], values
+
+
+def overview(raw: Path, suite: str, threshold: float, key: str):
+    """Every entry of the suite in its own panel: each seed's returns against seconds since process start."""
+    entries = [name for name in run.SUITES[suite] if any(raw.glob(f"{name}_*/runs/*/summary.json"))]
+    columns = 3
+    rows = -(-len(entries) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4 * columns, 2.8 * rows), sharey=True, squeeze=False)
+    for ax, entry in zip(axes.flat, entries, strict=False):  # the grid's last row may have empty panels
+        runs = list(seed_runs(raw, entry, OVERVIEW_KEY.get(entry, key)))
+        for _, _, seconds, values in runs:
+            if len(values) >= SMOOTH_FROM:  # one point per episode: the 20-episode mean, the threshold's measure
+                ax.plot(seconds[19:], np.convolve(values, np.ones(20) / 20, mode="valid"), lw=0.8)
+            else:  # one point per generation or round (ES, GA, federated PG), already a mean of many episodes
+                ax.plot(seconds, values, lw=0.8, marker=".")
+        if threshold:
+            ax.axhline(threshold, color="k", ls="--", lw=0.8)
+        masked = ", velocities masked" if runs[0][0].get("mask_velocity") else ""
+        elite = ", elite" if entry in OVERVIEW_KEY else ""
+        ax.set_title(f"{entry} ({runs[0][0]['env_id']}{masked}{elite})", fontsize=9)
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(entries) :]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel("seconds since process start")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("return")
+    fig.suptitle(
+        f"Every file with its defaults, one line per seed (benchmark/run.py {suite})\nthe mean of the last 20 "
+        "episodes, or of each generation or round where a file logs those (dots)"
+    )
+    return fig
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("suite")
-    p.add_argument("--entry", required=True)
+    p.add_argument("--entry", help="one entry: its curves against time and steps")
+    p.add_argument("--overview", action="store_true", help="every entry of the suite, a panel each")
     p.add_argument("--out", required=True)
     p.add_argument("--threshold", type=float, default=475.0, help="dashed line (0: none)")
     p.add_argument("--key", default="charts/episodic_return", help="TensorBoard scalar to plot")
     a = p.parse_args()
-    fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(11, 4))
     raw = ROOT / "benchmark" / "results" / "raw" / a.suite
-    for seed_dir in sorted(d for d in raw.glob(f"{a.entry}_*") if d.name[len(a.entry) + 1 :].isdigit()):
-        run_dir = next(seed_dir.glob("runs/*"))
-        summary = json.loads((run_dir / "summary.json").read_text())
-        steps, walls, values = curves(run_dir, a.key)
-        start = summary["wall_time_s"]  # process start = (time the summary was written) - wall_time_s
-        t0 = (run_dir / "summary.json").stat().st_mtime - start
+    if a.overview:
+        fig = overview(raw, a.suite, a.threshold, a.key)
+    elif a.entry:
+        fig = entry_figure(raw, a)
+    else:
+        p.error("give --entry or --overview")
+    fig.tight_layout()
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(a.out, dpi=110)
+    print(f"written to {a.out}")
+
+
+def entry_figure(raw: Path, a):
+    fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(11, 4))
+    for summary, steps, seconds, values in seed_runs(raw, a.entry, a.key):
         label = f"seed {summary['seed']}"
-        ax_t.plot([w - t0 for w in walls], values, lw=0.8, label=label)
+        ax_t.plot(seconds, values, lw=0.8, label=label)
         ax_s.plot(steps, values, lw=0.8, label=label)
     for ax, xlabel in [(ax_t, "seconds since process start (imports included)"), (ax_s, "environment steps")]:
         if a.threshold:
@@ -52,10 +110,7 @@ def main() -> None:
         ax.grid(alpha=0.3)
     ax_s.legend(fontsize=8)
     fig.suptitle(f"{a.entry} on {summary['env_id']} (benchmark/run.py {a.suite})")
-    fig.tight_layout()
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(a.out, dpi=110)
-    print(f"written to {a.out}")
+    return fig
 
 
 if __name__ == "__main__":

@@ -38,6 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 APEX = [PY, str(ROOT / "algos/apex.py"), "--seed", "{seed}", "--exp-name", "bench"]
 R2D2_MASKED = [PY, str(ROOT / "algos/r2d2.py"), "--seed", "{seed}", "--exp-name", "bench", "--mask-velocity"]
+# the CartPole peers that pin packages of their own run in their own virtualenvs (python benchmark/peer_venvs.py)
+RLLIB = [str(ROOT / "benchmark/rllib-venv/bin/python"), str(ROOT / "benchmark/rllib_cartpole.py")]
+SAMPLE_FACTORY = [str(ROOT / "benchmark/sf-venv/bin/python"), str(ROOT / "benchmark/sf_cartpole.py")]
 
 # suite -> entry -> command (list) for one seed; "{seed}" and "{out}" are filled in.
 SUITES = {
@@ -98,6 +101,13 @@ SUITES = {
         "impala": [PY, str(ROOT / "algos/impala.py"), "--seed", "{seed}", "--exp-name", "bench"],
         "seed": [PY, str(ROOT / "algos/seed.py"), "--seed", "{seed}", "--exp-name", "bench"],
         "sb3_a2c": [PY, str(ROOT / "benchmark/sb3_cartpole.py"), "--algo", "a2c", "--seed", "{seed}", "--out", "{out}"],
+    },
+    "actor_learner_peers": {  # IMPALA and SEED beside RLlib's IMPALA and APPO and Sample Factory's APPO, same CPUs
+        "impala": [PY, str(ROOT / "algos/impala.py"), "--seed", "{seed}", "--exp-name", "bench"],
+        "seed": [PY, str(ROOT / "algos/seed.py"), "--seed", "{seed}", "--exp-name", "bench"],
+        "rllib_impala": [*RLLIB, "--algo", "impala", "--seed", "{seed}", "--out", "{out}"],
+        "rllib_appo": [*RLLIB, "--algo", "appo", "--seed", "{seed}", "--out", "{out}"],
+        "sf_appo": [*SAMPLE_FACTORY, "--seed", "{seed}", "--out", "{out}"],
     },
     # 1M-step curves, CleanRL's MuJoCo PPO settings; observation/reward normalization on (default) and off
     "ddppo_mujoco": {
@@ -468,6 +478,7 @@ def aggregate(results: dict) -> dict:
             "time_to_threshold_mean_std_s": mean_std(reached),
             "threshold_step_mean_std": mean_std([r.get("threshold_step") for r in rs]),
             "sps_mean_std": mean_std([r["sps"] for r in rs]),
+            "startup_mean_std_s": mean_std([r.get("startup_s") for r in rs]),
         }
     return table
 
@@ -477,7 +488,17 @@ def show(pair, fmt: str = "{:.1f}") -> str:
     return "-" if mean is None else f"{fmt.format(mean)} ± {fmt.format(std)}"
 
 
-COLUMNS = ["entry", "runs", "final eval", "solved", "time to threshold (s)", "reached", "steps to threshold", "SPS"]
+COLUMNS = [
+    "entry",
+    "runs",
+    "final eval",
+    "solved",
+    "time to threshold (s)",
+    "reached",
+    "steps to threshold",
+    "SPS",
+    "start-up (s)",
+]
 
 
 def table_rows(table: dict) -> List[List[str]]:
@@ -492,6 +513,7 @@ def table_rows(table: dict) -> List[List[str]]:
             f"{t['reached']}/{t['runs']}",
             show(t["threshold_step_mean_std"], "{:.0f}"),
             show(t["sps_mean_std"], "{:.0f}"),
+            show(t["startup_mean_std_s"], "{:.2f}"),
         ]
         for name, t in table.items()
     ]
@@ -530,6 +552,12 @@ def main(config: Config) -> int:
         for job in jobs:
             print(f"(cd {shlex.quote(str(job.cwd))} && {shlex.join(job.command)})")
         return 0
+    missing = sorted({job.command[0] for job in jobs if not Path(job.command[0]).exists()})
+    if missing:
+        raise SystemExit(
+            f"run.py: error: {missing[0]} does not exist: build the peers' virtualenvs with "
+            "`python benchmark/peer_venvs.py`"
+        )
     summaries = run_slurm(jobs, config) if config.slurm else run_here(jobs, config.parallel)
     results = {}
     for job, summary in zip(jobs, summaries, strict=True):

@@ -7,24 +7,13 @@ imports included) is reported on its own as `startup_s`. Writes the summary.json
 """
 
 import argparse
-import json
-import os
 import time
 from collections import deque
 
+from peer_timing import cartpole_summary, write_summary
 from stable_baselines3 import A2C, DQN, PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
-
-
-def process_start_time() -> float:
-    """When this process started (Linux /proc), as in the algos/ files: startup_s counts the imports."""
-    with open("/proc/self/stat") as stat:
-        start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
-    with open("/proc/uptime") as uptime:
-        uptime_s = float(uptime.read().split()[0])
-    return time.time() - uptime_s + start_ticks / os.sysconf("SC_CLK_TCK")
-
 
 # rl-zoo (rl-baselines3-zoo hyperparams/*.yml) settings for CartPole-v1
 ZOO = {
@@ -100,24 +89,11 @@ def main() -> None:
     model = zoo["cls"]("MlpPolicy", env, seed=options.seed, device="cpu", verbose=0, **zoo["kwargs"])
     callback = Threshold()
     model.learn(zoo["n_timesteps"], callback=callback)
-    train_time = time.time() - callback.train_start
-    process_start = process_start_time()
-    summary = {
-        "algo": f"sb3_{options.algo}",
-        "env_id": "CartPole-v1",
-        "seed": options.seed,
-        "world_size": 1,
-        "global_step": model.num_timesteps,
-        "sps": model.num_timesteps / train_time,
-        "train_time_s": train_time,
-        "startup_s": callback.train_start - process_start,
-        "time_to_threshold_s": callback.time_to_threshold,
-        "threshold_step": callback.step_at_threshold,
-        "wall_time_s": time.time() - process_start,
-    }
-    with open(options.out, "w") as f:
-        json.dump(summary, f, indent=2)
-    print(json.dumps(summary))
+    reached = (callback.time_to_threshold, callback.step_at_threshold)
+    summary = cartpole_summary(
+        f"sb3_{options.algo}", options.seed, model.num_timesteps, callback.train_start, time.time(), reached
+    )
+    write_summary(options.out, summary)
 
 
 if __name__ == "__main__":

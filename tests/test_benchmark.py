@@ -53,11 +53,30 @@ def test_unknown_entry_is_refused(tmp_path):
     assert proc.returncode != 0 and "nosuch" in proc.stderr
 
 
+def test_a_peer_without_its_virtualenv_is_refused_naming_the_script_that_builds_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(run.SUITES, "smoke", {"peer": [str(tmp_path / "no-venv/bin/python"), "peer.py"]})
+    with pytest.raises(SystemExit, match="no-venv/bin/python does not exist.*benchmark/peer_venvs.py"):
+        run.main(run.Config(suite="smoke", seeds=[1], runs_dir=str(tmp_path / "runs")))
+    assert not (tmp_path / "runs").exists()
+
+
 def test_table_is_mean_and_std_over_seeds_of_the_runs_that_have_the_figure():
     runs = {
         "a": [
-            {"time_to_threshold_s": 2.0, "threshold_step": 100, "sps": 10.0, "eval_return_mean": 500.0},
-            {"time_to_threshold_s": 4.0, "threshold_step": 300, "sps": 30.0, "eval_return_mean": 400.0},
+            {
+                "time_to_threshold_s": 2.0,
+                "threshold_step": 100,
+                "sps": 10.0,
+                "eval_return_mean": 500.0,
+                "startup_s": 1.0,
+            },
+            {
+                "time_to_threshold_s": 4.0,
+                "threshold_step": 300,
+                "sps": 30.0,
+                "eval_return_mean": 400.0,
+                "startup_s": 3.0,
+            },
             {"time_to_threshold_s": None, "threshold_step": None, "sps": 20.0, "eval_return_mean": 100.0},
         ]
     }
@@ -75,6 +94,7 @@ def test_table_is_mean_and_std_over_seeds_of_the_runs_that_have_the_figure():
         "2/3",
         "200 ± 100",
         "20 ± 8",
+        "2.00 ± 1.00",  # start-up, over the runs that report it
     ]
 
 
@@ -205,3 +225,39 @@ def test_clip_keeps_every_second_frame_of_the_window(tmp_path):
     frames = imageio_v3.imread(out, index=None)
     columns = [int(frame[..., :3].sum(axis=(0, 2)).argmax()) for frame in frames]
     assert columns == list(range(30, 60, 2))
+
+
+def test_overview_has_a_panel_per_entry_with_a_20_episode_mean_line_per_seed(tmp_path):
+    import plot
+
+    # ddppo logs every episode (120: a 20-episode mean of 101 points); es one mean per generation (6: as logged)
+    for entry, seeds, points in [("ddppo", [1, 2], 120), ("es", [1], 6)]:
+        for seed in seeds:
+            run_dir = tmp_path / f"{entry}_{seed}" / "runs" / f"CartPole-v1__bench__{seed}"
+            writer = SummaryWriter(run_dir)
+            for episode in range(points):
+                writer.add_scalar("charts/episodic_return", 2.0 * episode, 100 * (episode + 1))
+            writer.close()
+            (run_dir / "summary.json").write_text(json.dumps({"env_id": "CartPole-v1", "seed": seed, "wall_time_s": 1}))
+    fig = plot.overview(tmp_path, "smoke", 475.0, "charts/episodic_return")
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == ["ddppo (CartPole-v1)", "es (CartPole-v1)"]
+    # one line per seed and the threshold
+    lines = [[list(line.get_ydata()) for line in ax.get_lines()] for ax in panels]
+    assert [len(panel) for panel in lines] == [3, 2]
+    assert lines[0][0] == pytest.approx([2.0 * (i + 9.5) for i in range(101)])
+    assert lines[1][0] == [2.0 * i for i in range(6)]
+
+
+def test_a_peers_summary_has_the_keys_run_py_reads_with_start_up_apart_from_training():
+    import time
+
+    import peer_timing
+
+    train_start = time.time()
+    summary = peer_timing.cartpole_summary("rllib_impala", 3, 1000, train_start, train_start + 10.0, (4.0, 400), x=1)
+    assert summary["sps"] == pytest.approx(100.0) and summary["train_time_s"] == pytest.approx(10.0)
+    assert (summary["time_to_threshold_s"], summary["threshold_step"], summary["x"]) == (4.0, 400, 1)
+    # this test's process started before train_start
+    assert 0 < summary["startup_s"] < summary["wall_time_s"]
+    assert run.aggregate({"peer": [summary]})["peer"]["time_to_threshold_median_s"] == 4.0
