@@ -10,13 +10,9 @@ import argparse
 import json
 from pathlib import Path
 
-import matplotlib
 import numpy as np
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import run  # noqa: E402
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+import run
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOOTH_FROM = 100  # a run that logged fewer returns logs one per generation or round, not one per episode
@@ -42,24 +38,47 @@ def seed_runs(raw: Path, entry: str, key: str):
         yield summary, steps, [w - t0 for w in walls], values
 
 
+def pyplot():
+    """matplotlib (benchmark/requirements.txt), imported only to draw: the curves' data needs the project's packages
+    alone."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def panel(raw: Path, entry: str, key: str):
+    """An entry's overview panel: its title, and per seed the line (seconds since process start, return) and
+    whether it is a 20-episode mean (one logged point per episode) or the logged means of generations or rounds
+    (ES, GA, federated PG: each point already a mean of many episodes)."""
+    runs = list(seed_runs(raw, entry, OVERVIEW_KEY.get(entry, key)))
+    lines = []
+    for _, _, seconds, values in runs:
+        if len(values) >= SMOOTH_FROM:
+            lines.append((seconds[19:], list(np.convolve(values, np.ones(20) / 20, mode="valid")), True))
+        else:
+            lines.append((seconds, values, False))
+    masked = ", velocities masked" if runs[0][0].get("mask_velocity") else ""
+    elite = ", elite" if entry in OVERVIEW_KEY else ""
+    return f"{entry} ({runs[0][0]['env_id']}{masked}{elite})", lines
+
+
 def overview(raw: Path, suite: str, threshold: float, key: str):
     """Every entry of the suite in its own panel: each seed's returns against seconds since process start."""
+    plt = pyplot()
     entries = [name for name in run.SUITES[suite] if any(raw.glob(f"{name}_*/runs/*/summary.json"))]
     columns = 3
     rows = -(-len(entries) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(4 * columns, 2.8 * rows), sharey=True, squeeze=False)
     for ax, entry in zip(axes.flat, entries, strict=False):  # the grid's last row may have empty panels
-        runs = list(seed_runs(raw, entry, OVERVIEW_KEY.get(entry, key)))
-        for _, _, seconds, values in runs:
-            if len(values) >= SMOOTH_FROM:  # one point per episode: the 20-episode mean, the threshold's measure
-                ax.plot(seconds[19:], np.convolve(values, np.ones(20) / 20, mode="valid"), lw=0.8)
-            else:  # one point per generation or round (ES, GA, federated PG), already a mean of many episodes
-                ax.plot(seconds, values, lw=0.8, marker=".")
+        title, lines = panel(raw, entry, key)
+        for seconds, values, per_episode in lines:
+            ax.plot(seconds, values, lw=0.8, marker=None if per_episode else ".")
         if threshold:
             ax.axhline(threshold, color="k", ls="--", lw=0.8)
-        masked = ", velocities masked" if runs[0][0].get("mask_velocity") else ""
-        elite = ", elite" if entry in OVERVIEW_KEY else ""
-        ax.set_title(f"{entry} ({runs[0][0]['env_id']}{masked}{elite})", fontsize=9)
+        ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
     for ax in axes.flat[len(entries) :]:
         ax.axis("off")
@@ -97,7 +116,7 @@ def main() -> None:
 
 
 def entry_figure(raw: Path, a):
-    fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax_t, ax_s) = pyplot().subplots(1, 2, figsize=(11, 4))
     for summary, steps, seconds, values in seed_runs(raw, a.entry, a.key):
         label = f"seed {summary['seed']}"
         ax_t.plot(seconds, values, lw=0.8, label=label)

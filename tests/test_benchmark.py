@@ -227,7 +227,7 @@ def test_clip_keeps_every_second_frame_of_the_window(tmp_path):
     assert columns == list(range(30, 60, 2))
 
 
-def test_overview_has_a_panel_per_entry_with_a_20_episode_mean_line_per_seed(tmp_path):
+def test_overview_panel_is_a_20_episode_mean_per_seed_or_the_logged_generation_means(tmp_path):
     import plot
 
     # ddppo logs every episode (120: a 20-episode mean of 101 points); es one mean per generation (6: as logged)
@@ -239,14 +239,13 @@ def test_overview_has_a_panel_per_entry_with_a_20_episode_mean_line_per_seed(tmp
                 writer.add_scalar("charts/episodic_return", 2.0 * episode, 100 * (episode + 1))
             writer.close()
             (run_dir / "summary.json").write_text(json.dumps({"env_id": "CartPole-v1", "seed": seed, "wall_time_s": 1}))
-    fig = plot.overview(tmp_path, "smoke", 475.0, "charts/episodic_return")
-    panels = [ax for ax in fig.axes if ax.get_title()]
-    assert [ax.get_title() for ax in panels] == ["ddppo (CartPole-v1)", "es (CartPole-v1)"]
-    # one line per seed and the threshold
-    lines = [[list(line.get_ydata()) for line in ax.get_lines()] for ax in panels]
-    assert [len(panel) for panel in lines] == [3, 2]
-    assert lines[0][0] == pytest.approx([2.0 * (i + 9.5) for i in range(101)])
-    assert lines[1][0] == [2.0 * i for i in range(6)]
+    title, lines = plot.panel(tmp_path, "ddppo", "charts/episodic_return")
+    assert title == "ddppo (CartPole-v1)" and len(lines) == 2
+    seconds, values, per_episode = lines[0]
+    assert per_episode and len(seconds) == 101
+    assert values == pytest.approx([2.0 * (i + 9.5) for i in range(101)])
+    title, lines = plot.panel(tmp_path, "es", "charts/episodic_return")
+    assert title == "es (CartPole-v1)" and lines[0][1:] == ([2.0 * i for i in range(6)], False)
 
 
 def test_a_peers_summary_has_the_keys_run_py_reads_with_start_up_apart_from_training():
