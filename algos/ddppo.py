@@ -698,10 +698,42 @@ def print_progress(progress: dict, num_updates: int, last_print: float) -> float
 
 def save_checkpoint(path: str, payload: dict) -> None:
     """Atomic: write a temporary file beside the target, then rename it over the target."""
-    payload = {**payload, "recent_returns": list(payload["recent_returns"])}
+    payload = {**payload, "algo": "ddppo", "recent_returns": list(payload["recent_returns"])}
     temporary = f"{path}.tmp{os.getpid()}"
     torch.save(payload, temporary)
     os.replace(temporary, path)
+
+
+def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
+    """The dict that save_checkpoint wrote, or exit 2 with one line saying what is wrong with the file,
+    which is left as it is: unreadable (truncated, empty, random bytes), of the old format, written by
+    another file, or without this file's counters."""
+    try:
+        checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
+    except Exception as error:  # a damaged file raises one of many types, from zipfile, pickle or torch
+        fail("resume", f"{checkpoint_path} is not a readable checkpoint ({type(error).__name__}); move it away")
+    if not isinstance(checkpoint, dict):
+        fail("resume", f"{checkpoint_path} holds a {type(checkpoint).__name__}, not a checkpoint; move it away")
+    if "update" not in checkpoint:
+        fail("resume", f"{checkpoint_path} has no 'update': written before the progress format; use another --exp-name")
+    written_by = checkpoint.pop("algo", "ddppo")  # checkpoints written before this tag are taken as this file's
+    if written_by != "ddppo":
+        fail("resume", f"{checkpoint_path} was written by {written_by}.py, not ddppo.py; use another --exp-name")
+    missing = sorted(set(progress) - set(checkpoint))
+    if missing:
+        fail(
+            "resume",
+            f"{checkpoint_path} lacks {', '.join(missing)}: not a checkpoint of ddppo.py; use another --exp-name",
+        )
+    return checkpoint
+
+
+def refuse_checkpoint(checkpoint_path: str, error: Exception) -> None:
+    """Exit 2 with one line: the checkpoint's weights or optimizer state do not fit this run's."""
+    problem = " ".join(str(error).split())[:300]
+    fail(
+        "resume", f"{checkpoint_path} does not fit this run ({type(error).__name__}: {problem}); use another --exp-name"
+    )
 
 
 def restore(args: Args, model, optimizer, device, checkpoint_path: str) -> dict:
@@ -712,7 +744,7 @@ def restore(args: Args, model, optimizer, device, checkpoint_path: str) -> dict:
     progress = new_progress()
     checkpoint = None
     if args.resume and args.rank == 0 and os.path.exists(checkpoint_path):
-        checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
+        checkpoint = read_checkpoint(checkpoint_path, progress)
     if args.world_size > 1:
         received = [checkpoint]
         dist.broadcast_object_list(received, 0, device=device if device.type == "cuda" else None)
@@ -722,10 +754,11 @@ def restore(args: Args, model, optimizer, device, checkpoint_path: str) -> dict:
             dist.broadcast(flat, 0)
     if checkpoint is None:
         return progress
-    if "update" not in checkpoint:
-        fail("resume", f"{checkpoint_path} has no 'update': written before the progress format; use another --exp-name")
-    model.load_state_dict(checkpoint.pop("model"))
-    optimizer.load_state_dict(checkpoint.pop("optimizer"))
+    try:
+        model.load_state_dict(checkpoint.pop("model"))
+        optimizer.load_state_dict(checkpoint.pop("optimizer"))
+    except (KeyError, RuntimeError, ValueError) as error:
+        refuse_checkpoint(checkpoint_path, error)
     recent_returns = checkpoint.pop("recent_returns")
     progress.update(checkpoint)
     progress["recent_returns"].extend(recent_returns)

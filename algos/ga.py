@@ -480,10 +480,41 @@ def print_progress(progress: dict, total_timesteps: int, last_print: float) -> f
 
 def save_checkpoint(path: str, payload: dict) -> None:
     """Atomic: write a temporary file beside the target, then rename it over the target."""
-    payload = {**payload, "recent_returns": list(payload["recent_returns"])}
+    payload = {**payload, "algo": "ga", "recent_returns": list(payload["recent_returns"])}
     temporary = f"{path}.tmp{os.getpid()}"
     torch.save(payload, temporary)
     os.replace(temporary, path)
+
+
+def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
+    """The dict that save_checkpoint wrote, or exit 2 with one line saying what is wrong with the file,
+    which is left as it is: unreadable (truncated, empty, random bytes), of the old format, written by
+    another file, or without this file's counters."""
+    try:
+        checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
+    except Exception as error:  # a damaged file raises one of many types, from zipfile, pickle or torch
+        fail("resume", f"{checkpoint_path} is not a readable checkpoint ({type(error).__name__}); move it away")
+    if not isinstance(checkpoint, dict):
+        fail("resume", f"{checkpoint_path} holds a {type(checkpoint).__name__}, not a checkpoint; move it away")
+    if "update" not in checkpoint:
+        fail("resume", f"{checkpoint_path} has no 'update': written before the progress format; use another --exp-name")
+    written_by = checkpoint.pop("algo", "ga")  # checkpoints written before this tag are taken as this file's
+    if written_by != "ga":
+        fail("resume", f"{checkpoint_path} was written by {written_by}.py, not ga.py; use another --exp-name")
+    missing = sorted(set(progress) - set(checkpoint))
+    if missing:
+        fail(
+            "resume", f"{checkpoint_path} lacks {', '.join(missing)}: not a checkpoint of ga.py; use another --exp-name"
+        )
+    return checkpoint
+
+
+def refuse_checkpoint(checkpoint_path: str, error: Exception) -> None:
+    """Exit 2 with one line: the checkpoint's weights or optimizer state do not fit this run's."""
+    problem = " ".join(str(error).split())[:300]
+    fail(
+        "resume", f"{checkpoint_path} does not fit this run ({type(error).__name__}: {problem}); use another --exp-name"
+    )
 
 
 def restore(args: Args, checkpoint_path: str) -> dict:
@@ -494,14 +525,12 @@ def restore(args: Args, checkpoint_path: str) -> dict:
     progress = new_progress()
     shared = [None]
     if args.resume and args.rank == 0 and os.path.exists(checkpoint_path):
-        shared = [torch.load(checkpoint_path, weights_only=True)]
+        shared = [read_checkpoint(checkpoint_path, progress)]
     if args.world_size > 1:
         dist.broadcast_object_list(shared, 0)
     checkpoint = shared[0]
     if checkpoint is None:
         return progress
-    if "update" not in checkpoint:
-        fail("resume", f"{checkpoint_path} has no 'update': written before the progress format; use another --exp-name")
     recent_returns = checkpoint.pop("recent_returns")
     progress.update(checkpoint)
     progress["recent_returns"].extend(recent_returns)

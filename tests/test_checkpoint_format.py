@@ -1,22 +1,108 @@
-"""Every file refuses a checkpoint written before the progress format (docs/conventions.md §1a) with exit 2 and one
-line naming --resume, instead of resuming from the wrong generation or ending in a traceback."""
+"""Every file refuses a checkpoint it cannot resume from with exit 2 and one line naming --resume, and leaves the
+file as it was (docs/conventions.md §1a): a checkpoint written before the progress format, one that torch.load
+cannot read (empty, random bytes, truncated), one that holds no dict, one written by another file, one without
+this file's counters, and one whose weights do not fit this run's network."""
+
+import io
+import random
+import time
 
 import pytest
 import torch
+from conftest import load_algo
 
 ALGOS = ["a3c", "apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"]
 # fedpg's clients read the checkpoint in their own processes: with several, the parent reports exit 1 naming the
 # worker that exited 2 (as for its other checkpoint checks); one client process keeps the file's own exit 2
 EXTRA = {"fedpg": ["--num-workers", 1]}
+# the arguments of new_progress where it takes one (its keys do not depend on the value)
+PROGRESS_ARGS = {"es": [0], "fedpg": ["another configuration"]}
+
+
+def saved(payload) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    return buffer.getvalue()
+
+
+def progress_of(name: str) -> dict:
+    progress = load_algo(name).new_progress(*PROGRESS_ARGS.get(name, []))
+    return {**progress, "recent_returns": list(progress["recent_returns"])}
+
+
+def refused(runner, name: str, content: bytes, tmp_name: str) -> str:
+    """Resume from a checkpoint holding `content`: exit 2 within 10 s, one line on stderr naming --resume, the
+    file unchanged. Returns the line."""
+    run_dir = runner.run_dir("CartPole-v1", tmp_name)
+    run_dir.mkdir(parents=True)
+    checkpoint = run_dir / "checkpoint.pt"
+    checkpoint.write_bytes(content)
+    started = time.monotonic()
+    proc = runner.run(name, "--exp-name", tmp_name, "--resume", "--total-timesteps", 20000, *EXTRA.get(name, []))
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--resume" in lines[0], proc.stderr[-2000:]
+    assert elapsed < 10, f"took {elapsed:.1f} s"
+    assert checkpoint.read_bytes() == content
+    return lines[0]
 
 
 @pytest.mark.parametrize("name", ALGOS)
 def test_a_checkpoint_of_the_old_format_is_refused(runner, name):
-    run_dir = runner.run_dir("CartPole-v1", "old")
-    run_dir.mkdir(parents=True)
     # the old files kept their counters at the top level under other names ("generation", "updates", ...)
-    torch.save({"global_step": 1000, "generation": 3, "wall_time_s": 5.0}, run_dir / "checkpoint.pt")
-    proc = runner.run(name, "--exp-name", "old", "--resume", "--total-timesteps", 20000, *EXTRA.get(name, []))
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--resume" in lines[0] and "progress format" in lines[0], proc.stderr[-2000:]
+    line = refused(runner, name, saved({"global_step": 1000, "generation": 3, "wall_time_s": 5.0}), "old")
+    assert "progress format" in line
+
+
+@pytest.mark.parametrize("name", ALGOS)
+def test_a_damaged_checkpoint_is_refused(runner, name):
+    """Random bytes (the other damaged forms meet the same `except` in read_checkpoint, tested in-process)."""
+    line = refused(runner, name, random.Random(0).randbytes(4096), "random")
+    assert "not a readable checkpoint" in line
+
+
+@pytest.mark.parametrize("name", [name for name in ALGOS if name != "ga"])  # the GA checkpoints no weights
+def test_a_checkpoint_of_another_network_is_refused(runner, name):
+    # every counter of this file's progress, with weights of another shape under each key the file loads
+    weights = torch.zeros(3) if name in ("es", "fedpg") else {"other_layer.weight": torch.zeros(3)}
+    payload = {**progress_of(name), "model": weights, "target": weights, "optimizer": {}, "obstat": torch.zeros(3)}
+    refused(runner, name, saved(payload), "shape")
+
+
+def read_in_process(name: str, content: bytes, tmp_path, capsys) -> str:
+    module = load_algo(name)
+    path = tmp_path / "checkpoint.pt"
+    path.write_bytes(content)
+    with pytest.raises(SystemExit) as exit_info:
+        module.read_checkpoint(str(path), progress_of(name))
+    assert exit_info.value.code == 2
+    assert path.read_bytes() == content
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--resume" in lines[0], lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("name", ALGOS)
+def test_read_checkpoint_names_what_is_wrong(name, tmp_path, capsys):
+    good = saved({**progress_of(name), "model": torch.zeros(3)})
+    cases = {
+        "empty": (b"", "not a readable checkpoint"),
+        "truncated": (good[: len(good) // 2], "not a readable checkpoint"),
+        "not a dict": (saved([1, 2, 3]), "holds a list"),
+        "another file": (saved({**progress_of(name), "algo": "other"}), "written by other.py"),
+        "no counters": (saved({"update": 3}), "lacks"),
+    }
+    for case, (content, expected) in cases.items():
+        line = read_in_process(name, content, tmp_path, capsys)
+        assert expected in line, (case, line)
+
+
+@pytest.mark.parametrize("name", ALGOS)
+def test_save_checkpoint_writes_what_read_checkpoint_takes(name, tmp_path):
+    module = load_algo(name)
+    path = str(tmp_path / "checkpoint.pt")
+    module.save_checkpoint(path, {**progress_of(name), "model": torch.ones(2)})
+    checkpoint = module.read_checkpoint(path, progress_of(name))
+    assert "algo" not in checkpoint and torch.equal(checkpoint["model"], torch.ones(2))
+    assert torch.load(path, weights_only=True)["algo"] == name
