@@ -21,6 +21,7 @@ import time
 import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from typing import Optional
 
 import envpool
@@ -78,6 +79,7 @@ class Args:
     min_rollout_frac: float = 0.25  # a preempted rank keeps at least this fraction of num_steps (paper: 0.25)
     checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many updates (0: on signals only)
     resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
+    collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
@@ -98,7 +100,7 @@ def validate(args: Args) -> None:
     if not 0 <= args.seed < 2**30:
         fail("seed", f"must be in [0, 2**30), got {args.seed}")
     positive = ["total_timesteps", "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"]
-    for name in positive + ["learning_rate", "clip_obs", "clip_reward"]:
+    for name in positive + ["learning_rate", "clip_obs", "clip_reward", "collective_timeout"]:
         if getattr(args, name) <= 0:
             fail(name, f"must be positive, got {getattr(args, name)}")
     for name in ["torch_threads", "env_threads", "checkpoint_every", "ent_coef", "vf_coef", "max_grad_norm"]:
@@ -875,7 +877,9 @@ def setup_distributed(args: Args):
         # torch.optim imports torch._dynamo on first use; imported once the group exists, it keeps references to
         # the group, destroy_process_group then leaves gloo's threads running, and a rank can abort as it exits
         importlib.import_module("torch._dynamo")
-        dist.init_process_group("nccl" if use_cuda else "gloo", init_method="env://")
+        dist.init_process_group(
+            "nccl" if use_cuda else "gloo", init_method="env://", timeout=timedelta(seconds=args.collective_timeout)
+        )
         if args.preempt:
             store = dist.distributed_c10d._get_default_store()
     return device, store

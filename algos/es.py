@@ -25,6 +25,7 @@ import time
 import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from typing import Optional, Tuple
 
 import envpool
@@ -70,6 +71,7 @@ class Args:
     num_workers: int = 1  # worker processes to spawn here (without torchrun; under it, each rank is a worker)
     checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many generations (0: on signals only)
     resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
+    collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
@@ -88,6 +90,7 @@ def validate(args: Args) -> None:
     if not 0 <= args.seed < 2**30:
         fail("seed", f"must be in [0, 2**30), got {args.seed}")
     positive = [
+        "collective_timeout",
         "total_timesteps",
         "population_size",
         "eval_episodes",
@@ -663,7 +666,7 @@ def setup_distributed(args: Args) -> None:
         # torch.optim imports torch._dynamo on first use; imported once the group exists, it keeps references to
         # the group, destroy_process_group then leaves gloo's threads running, and a rank can abort as it exits
         importlib.import_module("torch._dynamo")
-        dist.init_process_group("gloo", init_method="env://")
+        dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=args.collective_timeout))
 
 
 def finish_distributed(args: Args) -> None:
@@ -720,7 +723,9 @@ def spawn_workers(args: Args, stop: dict) -> int:
     if stop["signal"]:
         forward_signal(stop, workers, stop["signal"])
     try:
-        while not context.join(timeout=1.0):
+        # grace_period: once one worker failed, the others get 2 s to end, then SIGTERM, 2 s more, then SIGKILL
+        # (torch's default waits 30 s for a worker that is stopped, and so cannot act on SIGTERM)
+        while not context.join(timeout=1.0, grace_period=2.0):
             pass
     # it died, or raised (then the exception has its traceback)
     except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:

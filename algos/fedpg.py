@@ -26,6 +26,7 @@ import time
 import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from typing import Literal, Optional, Tuple
 
 import envpool
@@ -78,6 +79,7 @@ class Args:
     env_threads: int = 1  # envpool threads per environment batch (small batches: 1)
     checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many rounds (0: on signals only)
     resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
+    collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
@@ -95,7 +97,17 @@ def validate(args: Args) -> None:
     # env seeds add offsets (up to 10**9) to the seed and must stay 32-bit
     if not 0 <= args.seed < 2**29:
         fail("seed", f"must be in [0, 2**29), got {args.seed}")
-    for name in ["total_timesteps", "eval_episodes", "num_clients", "B", "b", "local_updates", "sigma", "env_threads"]:
+    for name in [
+        "total_timesteps",
+        "eval_episodes",
+        "num_clients",
+        "B",
+        "b",
+        "local_updates",
+        "sigma",
+        "env_threads",
+        "collective_timeout",
+    ]:
         if getattr(args, name) <= 0:
             fail(name, f"must be positive, got {getattr(args, name)}")
     for name in ["learning_rate", "max_grad_norm", "num_byzantine", "num_workers", "checkpoint_every", "eval_every"]:
@@ -911,7 +923,7 @@ def setup_distributed(args: Args) -> None:
     args.rank = int(os.environ.get("RANK", "0"))
     args.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if args.world_size > 1:
-        dist.init_process_group("gloo", init_method="env://")
+        dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=args.collective_timeout))
 
 
 def seed_everything(args: Args) -> None:
@@ -977,7 +989,9 @@ def spawn_workers(args: Args, stop: dict) -> int:
     if stop["signal"]:
         forward_signal(stop, workers, stop["signal"])
     try:
-        while not context.join(timeout=1.0):
+        # grace_period: once one worker failed, the others get 2 s to end, then SIGTERM, 2 s more, then SIGKILL
+        # (torch's default waits 30 s for a worker that is stopped, and so cannot act on SIGTERM)
+        while not context.join(timeout=1.0, grace_period=2.0):
             pass
     # it died, or raised (then the exception has its traceback)
     except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:

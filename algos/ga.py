@@ -25,6 +25,7 @@ import time
 import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from typing import Optional, Tuple
 
 import envpool
@@ -68,6 +69,7 @@ class Args:
     num_workers: int = 1  # worker processes to spawn here (without torchrun; under it, each rank is a worker)
     checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many generations (0: on signals only)
     resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
+    collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
@@ -86,6 +88,7 @@ def validate(args: Args) -> None:
     if not 0 <= args.seed < 2**30:
         fail("seed", f"must be in [0, 2**30), got {args.seed}")
     positive = [
+        "collective_timeout",
         "total_timesteps",
         "population_size",
         "truncation",
@@ -649,7 +652,7 @@ def setup_distributed(args: Args) -> None:
     args.rank = int(os.environ.get("RANK", "0"))
     args.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if args.world_size > 1:
-        dist.init_process_group("gloo", init_method="env://")
+        dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=args.collective_timeout))
 
 
 def finish_distributed(args: Args) -> None:
@@ -706,7 +709,9 @@ def spawn_workers(args: Args, stop: dict) -> int:
     if stop["signal"]:
         forward_signal(stop, workers, stop["signal"])
     try:
-        while not context.join(timeout=1.0):
+        # grace_period: once one worker failed, the others get 2 s to end, then SIGTERM, 2 s more, then SIGKILL
+        # (torch's default waits 30 s for a worker that is stopped, and so cannot act on SIGTERM)
+        while not context.join(timeout=1.0, grace_period=2.0):
             pass
     # it died, or raised (then the exception has its traceback)
     except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:

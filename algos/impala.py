@@ -25,6 +25,7 @@ import time
 import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from typing import Literal, Optional
 
 import envpool
@@ -91,6 +92,7 @@ class Args:
     order: bitwise reproducible on CPU, at the price of actors waiting for the learner"""
     checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many updates (0: on signals only)
     resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
+    collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
@@ -111,7 +113,7 @@ def validate(args: Args) -> None:
     if not 0 <= args.seed < 2**30:
         fail("seed", f"must be in [0, 2**30), got {args.seed}")
     positive = ["total_timesteps", "num_envs", "unroll_length", "batch_size", "eval_episodes", "learning_rate"]
-    positive += ["rho_bar", "c_bar", "rmsprop_eps", "adam_eps", "clip_reward"]
+    positive += ["rho_bar", "c_bar", "rmsprop_eps", "adam_eps", "clip_reward", "collective_timeout"]
     for name in positive:
         if getattr(args, name) <= 0:
             fail(name, f"must be positive, got {getattr(args, name)}")
@@ -1013,7 +1015,9 @@ def setup_distributed(args: Args):
         # torch.optim imports torch._dynamo on first use; imported once the group exists, it keeps references to
         # the group, destroy_process_group then leaves gloo's threads running, and a rank can abort as it exits
         importlib.import_module("torch._dynamo")
-        dist.init_process_group("nccl" if use_cuda else "gloo", init_method="env://")
+        dist.init_process_group(
+            "nccl" if use_cuda else "gloo", init_method="env://", timeout=timedelta(seconds=args.collective_timeout)
+        )
     return device
 
 

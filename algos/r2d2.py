@@ -28,6 +28,7 @@ import time
 import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from typing import Literal, Optional
 
 import envpool
@@ -102,6 +103,7 @@ class Args:
     # write runs/<run_name>/checkpoint.pt every this many learner updates (0: on signals only)
     checkpoint_every: int = 0
     resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists (the replay is refilled)
+    collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
@@ -122,6 +124,7 @@ def validate(args: Args) -> None:
     if not 0 <= args.seed < 2**30:
         fail("seed", f"must be in [0, 2**30), got {args.seed}")
     positive = [
+        "collective_timeout",
         "total_timesteps",
         "eval_episodes",
         "learning_rate",
@@ -1367,9 +1370,10 @@ def setup_distributed(args: Args):
         # torch.optim imports torch._dynamo on first use; imported once the group exists, it keeps references to
         # the group, destroy_process_group then leaves gloo's threads running, and a rank can abort as it exits
         importlib.import_module("torch._dynamo")
-        dist.init_process_group("gloo", init_method="env://")
+        timeout = timedelta(seconds=args.collective_timeout)
+        dist.init_process_group("gloo", init_method="env://", timeout=timeout)
         # every rank creates every group
-        groups = {rank: dist.new_group([0, rank]) for rank in range(1, args.world_size)}
+        groups = {rank: dist.new_group([0, rank], timeout=timeout) for rank in range(1, args.world_size)}
     return device, groups
 
 

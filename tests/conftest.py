@@ -155,9 +155,19 @@ def assert_bad_argument(proc: subprocess.CompletedProcess, name: str, cwd: Path)
     assert not (cwd / "runs").exists()
 
 
-def kill_one_worker(proc: subprocess.Popen, script: str, ready, min_workers: int = 2) -> str:
-    """SIGKILL the last of the job's worker processes (those running `script`) once `ready()` holds; assert the job
-    then ends non-zero within 10 s and no worker outlives it. Returns the job's output."""
+def kill_one_worker(
+    proc: subprocess.Popen,
+    script: str,
+    ready,
+    min_workers: int = 2,
+    signal_number: int = 9,
+    within: float = 10,
+    pick=lambda workers: workers[-1],
+) -> str:
+    """Send signal_number (SIGKILL; SIGSTOP for a worker that hangs without dying) to one of the job's worker
+    processes (those running `script`; `pick` chooses from their PIDs, the last by default) once `ready()` holds;
+    assert the job then ends non-zero within `within` seconds and no worker outlives it. Returns the job's
+    output."""
     import signal
 
     try:
@@ -172,10 +182,10 @@ def kill_one_worker(proc: subprocess.Popen, script: str, ready, min_workers: int
         assert wait_for(lambda: len(workers()) >= min_workers and ready(), 60), "the workers did not start"
         time.sleep(1.0)
         victims = workers()
-        os.kill(victims[-1], signal.SIGKILL)
+        os.kill(pick(victims), signal_number)
         killed_at = time.time()
-        out, _ = proc.communicate(timeout=30)
-        assert time.time() - killed_at < 10, "the job took longer than 10 s to end"
+        out, _ = proc.communicate(timeout=within + 20)
+        assert time.time() - killed_at < within, f"the job took {time.time() - killed_at:.1f} s to end"
         assert proc.returncode != 0, out
         assert wait_for(
             lambda: (

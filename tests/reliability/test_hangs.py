@@ -1,0 +1,57 @@
+"""A worker or rank that hangs without dying (SIGSTOP) ends the job within a bounded time: the ranks waiting on it
+fail once --collective-timeout has passed, and the launcher (torchrun's agent, or the file's own parent) then
+ends the rest (docs/conventions.md §8)."""
+
+import signal
+from pathlib import Path
+
+import pytest
+from conftest import assert_bad_argument, kill_one_worker
+
+TIMEOUT = 5  # --collective-timeout of these runs, in seconds
+# torchrun's agent sends SIGTERM to the ranks left and waits 30 s before SIGKILL, which a stopped rank needs;
+# the files that fork their own workers give them 2 s, then SIGTERM, 2 s more, then SIGKILL
+GRACE = {"torchrun": 30, "forked": 4}
+LONG = ["--env-id", "CartPole-v1", "--total-timesteps", 10**8, "--collective-timeout", TIMEOUT]
+# name -> (arguments, torchrun processes or 0); Ape-X stands for the remote actors of SEED and R2D2 (same bridge)
+JOBS = {
+    "ddppo": (LONG, 2),
+    "apex": (LONG, 2),
+    "es": ([*LONG, "--num-workers", 2], 0),
+    "ga": ([*LONG, "--num-workers", 2], 0),
+    "fedpg": ([*LONG, "--num-workers", 2], 0),
+}
+
+
+def rank_one(agent: int):
+    """Picks torchrun's rank 1 from the job's processes: the child of the agent with RANK=1 (its own forked
+    actors inherit RANK but are its children)."""
+
+    def pick(pids: list) -> int:
+        for pid in pids:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            if int(stat[1]) == agent and b"RANK=1" in environ:
+                return pid
+        raise AssertionError(f"no rank 1 among {pids}")
+
+    return pick
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_a_stopped_rank_ends_the_job(runner, name):
+    args, nproc = JOBS[name]
+    proc = runner.start(name, *args, nproc=nproc)
+    kill_one_worker(
+        proc,
+        f"{name}.py",
+        lambda: list(runner.cwd.glob("runs/*/events.*")),
+        signal_number=signal.SIGSTOP,
+        within=TIMEOUT + GRACE["torchrun" if nproc else "forked"] + 10,
+        pick=rank_one(proc.pid) if nproc else lambda workers: workers[-1],
+    )
+
+
+@pytest.mark.parametrize("name", ["apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"])
+def test_a_collective_timeout_that_is_not_positive_is_refused(runner, name):
+    assert_bad_argument(runner.run(name, "--collective-timeout", 0), "--collective-timeout", runner.cwd)
