@@ -68,6 +68,7 @@ class Args:
     # write runs/<run_name>/checkpoint.pt every this many shared updates (0: on signals only)
     checkpoint_every: int = 0
     resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
+    worker_timeout: float = 60.0  # seconds a worker may fall silent (stopped, hung) before the job ends
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
@@ -87,6 +88,7 @@ def validate(args: Args) -> None:
         fail("seed", f"must be in [0, 2**30), got {args.seed}")
     positive = [
         "total_timesteps",
+        "worker_timeout",
         "t_max",
         "num_envs",
         "eval_episodes",
@@ -531,6 +533,18 @@ def wait_until_ready(messages, workers: list) -> None:
         ready += len(receive(messages, workers))
 
 
+def watch_silence(received: list, last_heard: list, exited: set, workers: list, timeout: float) -> None:
+    """Notes when each worker was last heard from (it sends its statistics every 0.5 s); one silent
+    for `timeout` seconds before its "exit" (stopped or hung: its process lives on, so its exit code
+    cannot show it) raises WorkerDied."""
+    now = time.time()
+    for _, index, _ in received:
+        last_heard[index] = now
+    for index, worker in enumerate(workers):
+        if index not in exited and now - last_heard[index] > timeout:
+            raise WorkerDied(f"worker {index} (pid {worker.pid}) silent for {timeout:g} s (stopped or hung)")
+
+
 def running(workers: list, exited: set) -> bool:
     """Until every worker said "exit" (no message is left unread) and ended with code 0 (a death is
     always seen)."""
@@ -863,12 +877,14 @@ def main(args: Args) -> int:
         clock = start_clock(progress)
         go.set()
         exited = set()
+        last_heard = [time.time()] * args.num_workers
         worker_sps = {}
         last_print = 0.0
         last_checkpoint = progress["update"]
         while running(workers, exited):
-            # COLLECT: what the workers sent (episodes, statistics, "exit"); a dead worker raises WorkerDied
+            # COLLECT: what the workers sent (episodes, statistics, "exit"); a dead or silent worker raises WorkerDied
             received = receive(messages, workers)
+            watch_silence(received, last_heard, exited, workers, args.worker_timeout)
             # LEARN and PUBLISH: in the workers (worker_loop), which step the shared parameters (Hogwild)
             if stop["signal"]:
                 # SIGTERM/SIGUSR1/Ctrl-C: every worker ends its segment and exits

@@ -95,6 +95,7 @@ class Args:
     checkpoint_every: int = 0
     resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists (the replay is refilled)
     collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
+    actor_timeout: float = 60.0  # seconds a local actor may fall silent (stopped, hung) before the job ends
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
@@ -116,6 +117,7 @@ def validate(args: Args) -> None:
         fail("seed", f"must be in [0, 2**30), got {args.seed}")
     positive = [
         "collective_timeout",
+        "actor_timeout",
         "total_timesteps",
         "eval_episodes",
         "learning_rate",
@@ -503,20 +505,45 @@ def load_flat(net: nn.Module, flat: torch.Tensor) -> None:
     torch.nn.utils.vector_to_parameters(flat, net.parameters())
 
 
+class Heartbeats:
+    """One shared clock reading per local actor, written as it steps its envs and while it waits for a
+    free buffer: a stopped or hung actor falls silent while its process lives on, which its exit
+    code cannot show."""
+
+    def __init__(self, count: int):
+        self.last = torch.full((count,), time.monotonic(), dtype=torch.float64).share_memory_()
+
+    def beat(self, actor: int) -> None:
+        self.last[actor] = time.monotonic()
+
+    def silent_for(self, actor: int) -> float:
+        return time.monotonic() - float(self.last[actor])
+
+
 class LocalLink:
     """A local actor's way to the learner: shared block buffers, index queues, the parameter
-    store."""
+    store, the heartbeats."""
 
-    def __init__(self, buffers: dict, store: ParameterStore, free_q, full_q):
+    def __init__(self, buffers: dict, store: ParameterStore, free_q, full_q, heartbeats: Heartbeats):
         self.buffers = buffers
         self.store = store
         self.free_q = free_q
         self.full_q = full_q
+        self.heartbeats = heartbeats
         self.index = None
 
-    def block(self) -> dict:
-        """A free buffer to fill (waits for one: the backpressure of the rate limit)."""
-        self.index = self.free_q.get()
+    def beat(self, actor: int) -> None:
+        self.heartbeats.beat(actor)
+
+    def block(self, actor: int) -> dict:
+        """A free buffer to fill (waits for one, beating every second: the backpressure of the rate limit)."""
+        while True:
+            self.beat(actor)
+            try:
+                self.index = self.free_q.get(timeout=1.0)
+                break
+            except queue.Empty:
+                pass
         return {key: value[self.index] for key, value in self.buffers.items()}
 
     def send(self) -> None:
@@ -542,7 +569,10 @@ class RemoteLink:
         self.flat = torch.zeros(num_params)
         self.send(receive_only=True)
 
-    def block(self) -> dict:
+    def beat(self, actor: int) -> None:
+        """Nothing: a silent remote actor leaves rank 0's bridge waiting until --collective-timeout."""
+
+    def block(self, actor: int) -> dict:
         return self.buffer
 
     def send(self, receive_only: bool = False) -> None:
@@ -607,11 +637,12 @@ def actor_loop(actor: int, args: Args, spec, link, local: bool = True) -> None:
                 if loaded < 0:
                     return
                 load_flat(net, flat)
-        block = link.block()
+        block = link.block(actor)
         if not local and link.latest() < 0:
             return
         block["ep_return"].fill_(float("nan"))
         for step in range(window_steps - filled):
+            link.beat(actor)
             due = loaded < 0 or since_refresh >= args.actor_update_interval
             if not args.deterministic and due and link.latest() != loaded:
                 loaded = link.params(flat)
@@ -727,7 +758,7 @@ class ActorDied(RuntimeError):
     """An actor (or the link to a remote one) is gone: the job ends non-zero."""
 
 
-def start_actors(args: Args, spec, groups: dict, buffers: dict, store: ParameterStore, control: dict):
+def start_actors(args: Args, spec, groups: dict, buffers: dict, store: ParameterStore, control: dict, heartbeats):
     """Fork the local actors over the shared buffers (all free at first) and start one bridge thread
     per remote rank. Returns (actor processes, bridge threads, free queue, full queue)."""
     context = mp.get_context("fork")
@@ -735,7 +766,7 @@ def start_actors(args: Args, spec, groups: dict, buffers: dict, store: Parameter
     full_q = context.Queue(maxsize=args.num_buffers)
     for index in range(args.num_buffers):
         free_q.put(index)
-    link = LocalLink(buffers, store, free_q, full_q)
+    link = LocalLink(buffers, store, free_q, full_q, heartbeats)
     actors = [
         context.Process(target=actor_loop, args=(actor, args, spec, link), daemon=True)
         for actor in range(args.num_actors)
@@ -759,9 +790,11 @@ def stop_actors(actors: list, control: dict) -> None:
         process.join()
 
 
-def next_block(args: Args, actors: list, control: dict, buffers: dict, full_q, pending: dict, expected: tuple) -> int:
-    """A filled buffer's index, watching the actors. Deterministic: block `expected` = (sequence,
-    actor) only."""
+def next_block(
+    args: Args, actors: list, heartbeats, control: dict, buffers: dict, full_q, pending: dict, expected: tuple
+) -> int:
+    """A filled buffer's index, watching the actors (dead, or silent for --actor-timeout).
+    Deterministic: block `expected` = (sequence, actor) only."""
     while True:
         if args.deterministic and expected in pending:
             return pending.pop(expected)
@@ -773,6 +806,10 @@ def next_block(args: Args, actors: list, control: dict, buffers: dict, full_q, p
         for actor, process in enumerate(actors):
             if process.exitcode is not None:
                 raise ActorDied(f"actor {actor} (pid {process.pid}) exited with code {process.exitcode}")
+            if heartbeats.silent_for(actor) > args.actor_timeout:
+                raise ActorDied(
+                    f"actor {actor} (pid {process.pid}) silent for {args.actor_timeout:g} s (stopped or hung)"
+                )
         if "error" in control:
             raise ActorDied(control["error"])
         if index is not None and not args.deterministic:
@@ -1272,7 +1309,8 @@ def main(args: Args) -> int:
     store = ParameterStore(num_params)
     store.publish(flat_params(q_net), 0)
     control = {}
-    actors, bridges, free_q, full_q = start_actors(args, spec, groups, buffers, store, control)
+    heartbeats = Heartbeats(args.num_actors)
+    actors, bridges, free_q, full_q = start_actors(args, spec, groups, buffers, store, control, heartbeats)
     fields = {key: buffers[key][0, 0] for key in TRANSITION_KEYS}
     replay = PrioritizedReplay(args.buffer_size, fields, args.alpha, args.priority_eps, device)
     rng = np.random.default_rng(args.seed + 10**9 + args.segment)
@@ -1288,7 +1326,7 @@ def main(args: Args) -> int:
         while progress["global_step"] < args.total_timesteps:
             # COLLECT: the next block into the replay (deterministic mode: by round, then actor)
             expected = divmod(stats["blocks"], args.total_actors)
-            index = next_block(args, actors, control, buffers, full_q, pending, expected)
+            index = next_block(args, actors, heartbeats, control, buffers, full_q, pending, expected)
             finished = take_block(args, buffers, index, replay, free_q, epsilon, progress, stats)
             # LEARN: as many updates as the rate limit allows
             updates_before = progress["update"]

@@ -93,6 +93,7 @@ class Args:
     checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many updates (0: on signals only)
     resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
     collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
+    actor_timeout: float = 60.0  # seconds a local actor may fall silent (stopped, hung) before the job ends
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
@@ -114,6 +115,7 @@ def validate(args: Args) -> None:
         fail("seed", f"must be in [0, 2**30), got {args.seed}")
     positive = ["total_timesteps", "num_envs", "unroll_length", "batch_size", "eval_episodes", "learning_rate"]
     positive += ["rho_bar", "c_bar", "rmsprop_eps", "adam_eps", "clip_reward", "collective_timeout"]
+    positive += ["actor_timeout"]
     for name in positive:
         if getattr(args, name) <= 0:
             fail(name, f"must be positive, got {getattr(args, name)}")
@@ -518,7 +520,34 @@ def load_flat(agent: nn.Module, flat: torch.Tensor) -> None:
     torch.nn.utils.vector_to_parameters(flat, agent.parameters())
 
 
-def actor_loop(actor: int, args: Args, spec, buffers: dict, store: ParameterStore, free_q, full_q, start_update: int):
+class Heartbeats:
+    """One shared clock reading per actor, written as it steps its envs and while it waits for a free
+    buffer: a stopped or hung actor falls silent while its process lives on, which its exit code
+    cannot show."""
+
+    def __init__(self, count: int):
+        self.last = torch.full((count,), time.monotonic(), dtype=torch.float64).share_memory_()
+
+    def beat(self, actor: int) -> None:
+        self.last[actor] = time.monotonic()
+
+    def silent_for(self, actor: int) -> float:
+        return time.monotonic() - float(self.last[actor])
+
+
+def get_beating(free_q, heartbeats: Heartbeats, actor: int) -> int:
+    """free_q.get(), beating every second while it waits (an actor held up by backpressure is alive)."""
+    while True:
+        heartbeats.beat(actor)
+        try:
+            return free_q.get(timeout=1.0)
+        except queue.Empty:
+            pass
+
+
+def actor_loop(
+    actor: int, args: Args, spec, buffers: dict, store: ParameterStore, free_q, full_q, start_update: int, heartbeats
+):
     """One actor: step an envpool batch with a local copy of the policy; fill a free buffer with an
     unroll, pass its index to the learner through the full queue, repeat. Default mode: the latest
     parameters before every unroll. Deterministic mode: the unrolls of round r (those the learner
@@ -556,12 +585,13 @@ def actor_loop(actor: int, args: Args, spec, buffers: dict, store: ParameterStor
             if wanted != loaded:
                 loaded = store.read(flat, wanted)
                 load_flat(agent, flat)
-        k = free_q.get()
+        k = get_beating(free_q, heartbeats, actor)
         if not args.deterministic and int(store.version[0]) != loaded:
             loaded = store.read(flat)
             load_flat(agent, flat)
         buffers["state"][k] = state
         for t in range(args.unroll_length):
+            heartbeats.beat(actor)
             buffers["obs"][k, t] = obs
             with torch.no_grad():
                 logits, _, state = agent(obs.unsqueeze(0), valid.unsqueeze(0), state)
@@ -600,7 +630,9 @@ class ActorDied(RuntimeError):
     """An actor (or, in SEED, the link to it) is gone: the job ends non-zero."""
 
 
-def start_actors(args: Args, spec, buffers: dict, store: ParameterStore, num_buffers: int, start_update: int):
+def start_actors(
+    args: Args, spec, buffers: dict, store: ParameterStore, num_buffers: int, start_update: int, heartbeats
+):
     """Fork the actor processes (before the learner computes anything) around bounded free/full
     index queues, every buffer free. Returns (actors, free_q, full_q)."""
     context = mp.get_context("fork")
@@ -610,15 +642,18 @@ def start_actors(args: Args, spec, buffers: dict, store: ParameterStore, num_buf
         free_q.put(k)
     actors = []
     for actor in range(args.num_actors):
-        actor_args = (actor, args, spec, buffers, store, free_q, full_q, start_update)
+        actor_args = (actor, args, spec, buffers, store, free_q, full_q, start_update, heartbeats)
         actors.append(context.Process(target=actor_loop, args=actor_args, daemon=True))
     for process in actors:
         process.start()
     return actors, free_q, full_q
 
 
-def next_batch(args: Args, buffers: dict, free_q, full_q, actors: list, pending: dict, update: int, start_update: int):
-    """Indices of the unrolls for `update`, waiting on the full queue while watching the actors.
+def next_batch(
+    args: Args, buffers: dict, full_q, actors: list, heartbeats, pending: dict, update: int, start_update: int
+):
+    """Indices of the unrolls for `update`, waiting on the full queue while watching the actors (dead,
+    or silent for --actor-timeout).
     Default mode: the first unrolls_per_batch to arrive. Deterministic mode: round `update`'s
     unrolls in (sequence, actor) order; unrolls of the next round that arrive early wait in
     `pending`."""
@@ -640,6 +675,10 @@ def next_batch(args: Args, buffers: dict, free_q, full_q, actors: list, pending:
         for actor, process in enumerate(actors):
             if process.exitcode is not None:
                 raise ActorDied(f"actor {actor} (pid {process.pid}) exited with code {process.exitcode}")
+            if heartbeats.silent_for(actor) > args.actor_timeout:
+                raise ActorDied(
+                    f"actor {actor} (pid {process.pid}) silent for {args.actor_timeout:g} s (stopped or hung)"
+                )
         if k is None:
             continue
         if args.deterministic:
@@ -1074,7 +1113,8 @@ def main(args: Args) -> int:
     buffers = unroll_buffers(args, spec, num_buffers, agent.initial_state(1).shape[-1])
     store = ParameterStore(flat.numel())
     store.publish(flat, start_update)
-    actors, free_q, full_q = start_actors(args, spec, buffers, store, num_buffers, start_update)
+    heartbeats = Heartbeats(args.num_actors)
+    actors, free_q, full_q = start_actors(args, spec, buffers, store, num_buffers, start_update, heartbeats)
     writer = open_writer(args, run_dir, progress) if args.rank == 0 else None
     stop = install_stop_handlers()
     stats = new_stats()
@@ -1086,7 +1126,7 @@ def main(args: Args) -> int:
         for update in range(start_update, args.num_updates):
             # COLLECT: a batch of unrolls (deterministic mode: round `update`'s, in a fixed order)
             wait_start = time.time()
-            indices = next_batch(args, buffers, free_q, full_q, actors, pending, update, start_update)
+            indices = next_batch(args, buffers, full_q, actors, heartbeats, pending, update, start_update)
             learn_start = time.time()
             batch, returns, versions, finished = take_batch(buffers, indices, free_q, device)
             # LEARN: V-trace on the batch, gradients averaged over ranks

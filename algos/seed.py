@@ -93,6 +93,7 @@ class Args:
     checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many updates (0: on signals only)
     resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
     collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
+    actor_timeout: float = 60.0  # seconds an answered actor may stay silent (stopped, hung) before the job ends
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
@@ -115,6 +116,7 @@ def validate(args: Args) -> None:
         fail("seed", f"must be in [0, 2**30), got {args.seed}")
     positive = ["total_timesteps", "num_envs", "unroll_length", "batch_size", "eval_episodes", "learning_rate"]
     positive += ["rho_bar", "c_bar", "rmsprop_eps", "adam_eps", "clip_reward", "collective_timeout"]
+    positive += ["actor_timeout"]
     for name in positive:
         if getattr(args, name) <= 0:
             fail(name, f"must be positive, got {getattr(args, name)}")
@@ -577,7 +579,8 @@ def inference_loop(
     """The learner's inference thread. Dynamic batching: wait for requests; run one batched forward
     pass when every actor waits or inference_timeout_ms after the first request. The LSTM state of
     every env lives here. Each answered request also extends that actor's unroll (extend_unroll); a
-    finished unroll goes to the training thread."""
+    finished unroll goes to the training thread. An actor that was answered and has not asked again
+    within actor_timeout (stopped or hung, while its process lives on) ends the job."""
     num_actors = len(conns)
     num_envs = args.num_envs
     state = agent.initial_state(num_actors * num_envs, device).view(2, num_actors, num_envs, -1)
@@ -588,6 +591,7 @@ def inference_loop(
     control["waiting"] = waiting
     first_request = 0.0
     timeout = args.inference_timeout_ms / 1000
+    answered_at = [time.time()] * num_actors
     while not control.get("stop"):
         # an empty `idle` means that every actor waits: run now
         idle = [conn for actor, conn in enumerate(conns) if actor not in waiting]
@@ -603,6 +607,11 @@ def inference_loop(
             if not waiting:
                 first_request = time.time()
             waiting.append(actor)
+        now = time.time()
+        for actor in range(num_actors):
+            if actor not in waiting and now - answered_at[actor] > args.actor_timeout:
+                control.setdefault("error", f"actor {actor} silent for {args.actor_timeout:g} s (stopped or hung)")
+                return
         if not waiting or (len(waiting) < num_actors and time.time() < first_request + timeout):
             continue
         inference_start = time.time()
@@ -626,6 +635,7 @@ def inference_loop(
         # answer first, then do the bookkeeping while the actors step
         for actor in requesters:
             conns[actor].send_bytes(b"")
+            answered_at[actor] = time.time()
         for i, actor in enumerate(requesters):
             answered = {"obs": obs[i], "step": step[i], "logits": logits[i], "actions": action[i], "valid": valid[i]}
             answered.update(state=state_before[:, i], version=version)

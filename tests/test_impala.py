@@ -175,8 +175,11 @@ def actor_harness(args, num_buffers: int, free: int, actors: int):
     free_q, full_q = ctx.Queue(maxsize=num_buffers), ctx.Queue(maxsize=num_buffers)
     for k in range(free):
         free_q.put(k)
+    heartbeats = impala.Heartbeats(actors)
     procs = [
-        ctx.Process(target=impala.actor_loop, args=(i, args, spec, buffers, store, free_q, full_q, 0), daemon=True)
+        ctx.Process(
+            target=impala.actor_loop, args=(i, args, spec, buffers, store, free_q, full_q, 0, heartbeats), daemon=True
+        )
         for i in range(actors)
     ]
     for p in procs:

@@ -1,6 +1,7 @@
-"""A worker or rank that hangs without dying (SIGSTOP) ends the job within a bounded time: the ranks waiting on it
-fail once --collective-timeout has passed, and the launcher (torchrun's agent, or the file's own parent) then
-ends the rest (docs/conventions.md §8)."""
+"""A worker or rank that hangs without dying (SIGSTOP) ends the job within a bounded time (docs/conventions.md §8):
+the ranks waiting on a stopped rank fail once --collective-timeout has passed, and the launcher (torchrun's agent,
+or the file's own parent) then ends the rest; a learner notices a silent local actor (A3C's parent, a silent
+worker) after --actor-timeout (--worker-timeout) and ends the job naming it."""
 
 import signal
 from pathlib import Path
@@ -52,6 +53,37 @@ def test_a_stopped_rank_ends_the_job(runner, name):
     )
 
 
+# name -> the flag that bounds a local actor's (A3C: worker's) silence, and the flag for two of them
+LOCAL = {
+    "a3c": ("--worker-timeout", "--num-workers"),
+    "apex": ("--actor-timeout", "--num-actors"),
+    "impala": ("--actor-timeout", "--num-actors"),
+    "r2d2": ("--actor-timeout", "--num-actors"),
+    "seed": ("--actor-timeout", "--num-actors"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOCAL))
+def test_a_stopped_local_actor_ends_the_job_naming_it(runner, name):
+    timeout_flag, count_flag = LOCAL[name]
+    args = ["--env-id", "CartPole-v1", "--total-timesteps", 10**8, timeout_flag, TIMEOUT, count_flag, 2]
+    proc = runner.start(name, *args)
+    out = kill_one_worker(
+        proc,
+        f"{name}.py",
+        lambda: list(runner.cwd.glob("runs/*/events.*")),
+        signal_number=signal.SIGSTOP,
+        within=TIMEOUT + 10,
+    )
+    assert f"silent for {TIMEOUT} s (stopped or hung)" in out, out[-2000:]
+
+
 @pytest.mark.parametrize("name", ["apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"])
 def test_a_collective_timeout_that_is_not_positive_is_refused(runner, name):
     assert_bad_argument(runner.run(name, "--collective-timeout", 0), "--collective-timeout", runner.cwd)
+
+
+@pytest.mark.parametrize("name", sorted(LOCAL))
+def test_an_actor_timeout_that_is_not_positive_is_refused(runner, name):
+    flag = LOCAL[name][0]
+    assert_bad_argument(runner.run(name, flag, 0), flag, runner.cwd)
