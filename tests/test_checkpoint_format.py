@@ -49,15 +49,8 @@ def refused(runner, name: str, content: bytes, tmp_name: str) -> str:
 
 
 @pytest.mark.parametrize("name", ALGOS)
-def test_a_checkpoint_of_the_old_format_is_refused(runner, name):
-    # the old files kept their counters at the top level under other names ("generation", "updates", ...)
-    line = refused(runner, name, saved({"global_step": 1000, "generation": 3, "wall_time_s": 5.0}), "old")
-    assert "progress format" in line
-
-
-@pytest.mark.parametrize("name", ALGOS)
 def test_a_damaged_checkpoint_is_refused(runner, name):
-    """Random bytes (the other damaged forms meet the same `except` in read_checkpoint, tested in-process)."""
+    """Random bytes, end to end (the other cases meet the same checks in read_checkpoint, tested in-process)."""
     line = refused(runner, name, random.Random(0).randbytes(4096), "random")
     assert "not a readable checkpoint" in line
 
@@ -87,6 +80,8 @@ def read_in_process(name: str, content: bytes, tmp_path, capsys) -> str:
 def test_read_checkpoint_names_what_is_wrong(name, tmp_path, capsys):
     good = saved({**progress_of(name), "model": torch.zeros(3)})
     cases = {
+        # the old files kept their counters at the top level under other names ("generation", "updates", ...)
+        "old format": (saved({"global_step": 1000, "generation": 3, "wall_time_s": 5.0}), "progress format"),
         "empty": (b"", "not a readable checkpoint"),
         "truncated": (good[: len(good) // 2], "not a readable checkpoint"),
         "not a dict": (saved([1, 2, 3]), "holds a list"),

@@ -7,7 +7,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import assert_bad_argument, kill_one_worker
+from conftest import kill_one_worker, load_algo
 
 TIMEOUT = 5  # --collective-timeout of these runs, in seconds
 # torchrun's agent sends SIGTERM to the ranks left and waits 30 s before SIGKILL, which a stopped rank needs;
@@ -78,12 +78,19 @@ def test_a_stopped_local_actor_ends_the_job_naming_it(runner, name):
     assert f"silent for {TIMEOUT} s (stopped or hung)" in out, out[-2000:]
 
 
-@pytest.mark.parametrize("name", ["apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"])
-def test_a_collective_timeout_that_is_not_positive_is_refused(runner, name):
-    assert_bad_argument(runner.run(name, "--collective-timeout", 0), "--collective-timeout", runner.cwd)
+TIMEOUT_FLAGS = [
+    (name, "--collective-timeout") for name in ["apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"]
+]
+TIMEOUT_FLAGS += [(name, flag) for name, (flag, _) in sorted(LOCAL.items())]
 
 
-@pytest.mark.parametrize("name", sorted(LOCAL))
-def test_an_actor_timeout_that_is_not_positive_is_refused(runner, name):
-    flag = LOCAL[name][0]
-    assert_bad_argument(runner.run(name, flag, 0), flag, runner.cwd)
+@pytest.mark.parametrize("name, flag", TIMEOUT_FLAGS)
+def test_a_timeout_that_is_not_positive_is_refused(name, flag, capsys):
+    """validate() itself (the files call it first, before anything starts; exit 2 as for every bad argument)."""
+    module = load_algo(name)
+    args = module.Args(**{flag.removeprefix("--").replace("-", "_"): 0.0})
+    with pytest.raises(SystemExit) as exit_info:
+        module.validate(args)
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0], lines
