@@ -762,11 +762,18 @@ def restore(args, model, optimizer, device, checkpoint_path: str) -> dict:
 
 
 def install_stop_handlers() -> dict:
-    """SIGTERM and SIGUSR1 (SLURM preemption) ask for a checkpoint once the workers end their segment; so does
-    Ctrl-C's SIGINT here, which reaches the workers too (they ignore it: the parent turns it into the stop)."""
+    """SIGTERM and SIGUSR1 (SLURM preemption) ask for a checkpoint once the workers end their segment;
+    so does Ctrl-C's SIGINT here, which reaches the workers too (they ignore it: the parent turns it
+    into the stop). A second Ctrl-C ends the run at once (KeyboardInterrupt, no checkpoint)."""
     stop = {"signal": 0}
+
+    def ask_to_stop(signum, frame):
+        stop["signal"] = signum
+        # a second Ctrl-C ends the run at once
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
     for signal_number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
-        signal.signal(signal_number, lambda signum, frame: stop.update(signal=signum))
+        signal.signal(signal_number, ask_to_stop)
     return stop
 
 

@@ -541,12 +541,19 @@ def restore(args: Args, checkpoint_path: str) -> dict:
 
 
 def install_stop_handlers(stop: Optional[dict] = None) -> dict:
-    """SIGTERM and SIGUSR1 (SLURM preemption) ask for a checkpoint at the end of the current
-    generation. Installed first thing in main(), and again by a forked worker on the dict it
-    inherits, so that a signal during start-up is kept, never fatal (exit 143)."""
+    """SIGTERM, SIGUSR1 (SLURM preemption) and Ctrl-C's SIGINT ask for a checkpoint at the end of the
+    current generation. Installed first thing in main(), and again by a forked worker on the dict it
+    inherits, so that a signal during start-up is kept, never fatal (exit 143). A second Ctrl-C ends the
+    run at once (KeyboardInterrupt, no checkpoint)."""
     stop = {"signal": 0} if stop is None else stop
-    for signal_number in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(signal_number, lambda signum, frame: stop.update(signal=signum))
+
+    def ask_to_stop(signum, frame):
+        stop["signal"] = signum
+        # a second Ctrl-C ends the run at once
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    for signal_number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(signal_number, ask_to_stop)
     return stop
 
 

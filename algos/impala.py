@@ -946,11 +946,17 @@ def restore(args, model, optimizer, device, checkpoint_path: str) -> dict:
 
 
 def install_stop_handlers() -> dict:
-    """SIGTERM and SIGUSR1 (SLURM preemption) ask for a checkpoint at the end of the current
-    update."""
+    """SIGTERM, SIGUSR1 (SLURM preemption) and Ctrl-C's SIGINT ask for a checkpoint at the end of the
+    current update. A second Ctrl-C ends the run at once (KeyboardInterrupt, no checkpoint)."""
     stop = {"signal": 0}
-    for signal_number in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(signal_number, lambda signum, frame: stop.update(signal=signum))
+
+    def ask_to_stop(signum, frame):
+        stop["signal"] = signum
+        # a second Ctrl-C ends the run at once
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    for signal_number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(signal_number, ask_to_stop)
     return stop
 
 

@@ -787,11 +787,10 @@ def actor_loop(actor: int, args: Args, spec, link, local: bool = True) -> None:
     latest every actor_update_interval steps (remote: with each block's reply); deterministic mode:
     block s uses version max(s - 1, 0), published once the learner has taken round s - 2."""
     if local:
-        # die with the learner, whatever kills it (PR_SET_PDEATHSIG);
-        # the learner turns signals into a checkpoint
+        # die with the learner, whatever kills it (PR_SET_PDEATHSIG)
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for signal_number in (signal.SIGTERM, signal.SIGUSR1):
+    # local or remote, the learner turns signals (Ctrl-C reaches every process) into a checkpoint
+    for signal_number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(signal_number, signal.SIG_IGN)
     torch.set_num_threads(1)
     num_envs = args.num_envs
@@ -1290,10 +1289,17 @@ def announce_stop(progress: dict, checkpoint_path: str) -> None:
 
 
 def install_stop_handlers() -> dict:
-    """SIGTERM and SIGUSR1 (SLURM preemption) ask for a checkpoint at the end of the current update."""
+    """SIGTERM, SIGUSR1 (SLURM preemption) and Ctrl-C's SIGINT ask for a checkpoint at the end of the
+    current update. A second Ctrl-C ends the run at once (KeyboardInterrupt, no checkpoint)."""
     stop = {"signal": 0}
-    for signal_number in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(signal_number, lambda signum, frame: stop.update(signal=signum))
+
+    def ask_to_stop(signum, frame):
+        stop["signal"] = signum
+        # a second Ctrl-C ends the run at once
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    for signal_number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(signal_number, ask_to_stop)
     return stop
 
 

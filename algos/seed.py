@@ -495,12 +495,11 @@ def actor_loop(actor: int, args: Args, slots: dict, conn, group=None, start_upda
     actor (rank > 0) sends its slot to rank 0 and receives the actions through torch.distributed
     (`group`, a pair group with rank 0)."""
     if group is None:
-        # a local actor process: die with the learner (PR_SET_PDEATHSIG), leave SIGINT to it
+        # a local actor process: die with the learner (PR_SET_PDEATHSIG)
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Local or remote (torchrun sends SIGTERM to every rank): the learner turns the signal into a checkpoint and
-    # then answers every actor with "stop", so an actor must not die of it first.
-    for signal_number in (signal.SIGTERM, signal.SIGUSR1):
+    # Local or remote (torchrun sends SIGTERM to every rank, Ctrl-C reaches every process): the learner turns the
+    # signal into a checkpoint and then answers every actor with "stop", so an actor must not die of it first.
+    for signal_number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(signal_number, signal.SIG_IGN)
     torch.set_num_threads(1)
     num_envs = args.num_envs
@@ -1013,11 +1012,17 @@ def announce_stop(progress: dict, checkpoint_path: str) -> None:
 
 
 def install_stop_handlers() -> dict:
-    """SIGTERM and SIGUSR1 (SLURM preemption) ask for a checkpoint at the end of the current
-    update."""
+    """SIGTERM, SIGUSR1 (SLURM preemption) and Ctrl-C's SIGINT ask for a checkpoint at the end of the
+    current update. A second Ctrl-C ends the run at once (KeyboardInterrupt, no checkpoint)."""
     stop = {"signal": 0}
-    for signal_number in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(signal_number, lambda signum, frame: stop.update(signal=signum))
+
+    def ask_to_stop(signum, frame):
+        stop["signal"] = signum
+        # a second Ctrl-C ends the run at once
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    for signal_number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(signal_number, ask_to_stop)
     return stop
 
 

@@ -1,0 +1,43 @@
+"""Ctrl-C (SIGINT to the whole foreground process group, as a terminal sends it) stops every file cleanly: a
+checkpoint at the end of the current update, exit 0 within 10 s, no process left behind, nothing left in /dev/shm
+(docs/conventions.md §8)."""
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from conftest import descendants, wait_for
+
+ALGOS = ["a3c", "apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"]
+# the files that fork workers, with two of them (the others run actors or ranks by default)
+EXTRA = {"es": ["--num-workers", 2], "ga": ["--num-workers", 2], "fedpg": ["--num-workers", 2]}
+
+
+def alive(pids: list) -> list:
+    return [p for p in pids if os.path.exists(f"/proc/{p}") and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z"]
+
+
+@pytest.mark.parametrize("name", ALGOS)
+def test_ctrl_c_checkpoints_and_exits_0(runner, name):
+    shared_memory_before = set(os.listdir("/dev/shm"))
+    proc = runner.start(name, "--env-id", "CartPole-v1", "--total-timesteps", 10**8, *EXTRA.get(name, []))
+    try:
+        assert wait_for(lambda: list(runner.cwd.glob("runs/*/events.*")), 60), "training did not start"
+        time.sleep(1.0)
+        processes = descendants(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)
+        interrupted_at = time.time()
+        out, _ = proc.communicate(timeout=30)
+        assert time.time() - interrupted_at < 10, f"took {time.time() - interrupted_at:.1f} s to stop"
+        assert proc.returncode == 0, out[-2000:]
+        assert "signal received: checkpoint" in out, out[-2000:]
+        assert list(runner.cwd.glob("runs/*/checkpoint.pt"))
+        assert wait_for(lambda: not alive(processes), 5), f"left behind: {alive(processes)}"
+        assert set(os.listdir("/dev/shm")) <= shared_memory_before
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
