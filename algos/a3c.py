@@ -536,8 +536,12 @@ def wait_until_ready(messages, workers: list) -> None:
 def watch_silence(received: list, last_heard: list, exited: set, workers: list, timeout: float) -> None:
     """Notes when each worker was last heard from (it sends its statistics every 0.5 s); one silent
     for `timeout` seconds before its "exit" (stopped or hung: its process lives on, so its exit code
-    cannot show it) raises WorkerDied."""
-    now = time.time()
+    cannot show it) raises WorkerDied. last_heard ends with when this was last called: after a pause of
+    the parent's own over half the timeout (the whole job suspended, say), the count starts again."""
+    now = time.monotonic()
+    if now - last_heard[-1] > timeout / 2:
+        last_heard[:] = [now] * len(last_heard)
+    last_heard[-1] = now
     for _, index, _ in received:
         last_heard[index] = now
     for index, worker in enumerate(workers):
@@ -707,15 +711,17 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     """The dict that save_checkpoint wrote, or exit 2 with one line saying what is wrong with the file,
     which is left as it is: unreadable (truncated, empty, random bytes), of the old format, written by
     another file, or without this file's counters."""
+    # a damaged file raises one of many types (from zipfile, pickle or torch), all of them meaning the same here
     try:
         checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
-    except Exception as error:  # a damaged file raises one of many types, from zipfile, pickle or torch
+    except Exception as error:
         fail("resume", f"{checkpoint_path} is not a readable checkpoint ({type(error).__name__}); move it away")
     if not isinstance(checkpoint, dict):
         fail("resume", f"{checkpoint_path} holds a {type(checkpoint).__name__}, not a checkpoint; move it away")
     if "update" not in checkpoint:
         fail("resume", f"{checkpoint_path} has no 'update': written before the progress format; use another --exp-name")
-    written_by = checkpoint.pop("algo", "a3c")  # checkpoints written before this tag are taken as this file's
+    # checkpoints written before this tag are taken as this file's
+    written_by = checkpoint.pop("algo", "a3c")
     if written_by != "a3c":
         fail("resume", f"{checkpoint_path} was written by {written_by}.py, not a3c.py; use another --exp-name")
     missing = sorted(set(progress) - set(checkpoint))
@@ -752,7 +758,7 @@ def restore(args, model, optimizer, device, checkpoint_path: str) -> dict:
     try:
         model.load_state_dict(checkpoint.pop("model"))
         optimizer.load_state_dict(checkpoint.pop("optimizer"))
-    except (KeyError, RuntimeError, ValueError) as error:
+    except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as error:
         refuse_checkpoint(checkpoint_path, error)
     recent_returns = checkpoint.pop("recent_returns")
     progress.update(checkpoint)
@@ -884,7 +890,8 @@ def main(args: Args) -> int:
         clock = start_clock(progress)
         go.set()
         exited = set()
-        last_heard = [time.time()] * args.num_workers
+        # one entry per worker, and one more: when the parent last looked
+        last_heard = [time.monotonic()] * (args.num_workers + 1)
         worker_sps = {}
         last_print = 0.0
         last_checkpoint = progress["update"]

@@ -710,15 +710,17 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     """The dict that save_checkpoint wrote, or exit 2 with one line saying what is wrong with the file,
     which is left as it is: unreadable (truncated, empty, random bytes), of the old format, written by
     another file, or without this file's counters."""
+    # a damaged file raises one of many types (from zipfile, pickle or torch), all of them meaning the same here
     try:
         checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
-    except Exception as error:  # a damaged file raises one of many types, from zipfile, pickle or torch
+    except Exception as error:
         fail("resume", f"{checkpoint_path} is not a readable checkpoint ({type(error).__name__}); move it away")
     if not isinstance(checkpoint, dict):
         fail("resume", f"{checkpoint_path} holds a {type(checkpoint).__name__}, not a checkpoint; move it away")
     if "update" not in checkpoint:
         fail("resume", f"{checkpoint_path} has no 'update': written before the progress format; use another --exp-name")
-    written_by = checkpoint.pop("algo", "ddppo")  # checkpoints written before this tag are taken as this file's
+    # checkpoints written before this tag are taken as this file's
+    written_by = checkpoint.pop("algo", "ddppo")
     if written_by != "ddppo":
         fail("resume", f"{checkpoint_path} was written by {written_by}.py, not ddppo.py; use another --exp-name")
     missing = sorted(set(progress) - set(checkpoint))
@@ -759,7 +761,7 @@ def restore(args: Args, model, optimizer, device, checkpoint_path: str) -> dict:
     try:
         model.load_state_dict(checkpoint.pop("model"))
         optimizer.load_state_dict(checkpoint.pop("optimizer"))
-    except (KeyError, RuntimeError, ValueError) as error:
+    except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as error:
         refuse_checkpoint(checkpoint_path, error)
     recent_returns = checkpoint.pop("recent_returns")
     progress.update(checkpoint)

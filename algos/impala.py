@@ -494,12 +494,13 @@ class ParameterStore:
         self.seq[slot] += 1
         self.version[0] = version
 
-    def read(self, out: torch.Tensor, version: Optional[int] = None) -> int:
-        """Copy version `version` (None: the latest) into out; waits until it is published. Returns
-        the version."""
+    def read(self, out: torch.Tensor, version: Optional[int] = None, while_waiting=lambda: None) -> int:
+        """Copy version `version` (None: the latest) into out; waits until it is published, calling
+        while_waiting() meanwhile. Returns the version."""
         while True:
             wanted = int(self.version[0]) if version is None else version
             if wanted < 0 or int(self.version[0]) < wanted:
+                while_waiting()
                 time.sleep(0.0005)
                 continue
             slot = wanted % 2
@@ -527,12 +528,25 @@ class Heartbeats:
 
     def __init__(self, count: int):
         self.last = torch.full((count,), time.monotonic(), dtype=torch.float64).share_memory_()
+        # the learner's side: when it last looked, and since when silence counts
+        self.looked = time.monotonic()
+        self.since = self.looked
 
     def beat(self, actor: int) -> None:
+        """An actor is alive: now."""
         self.last[actor] = time.monotonic()
 
-    def silent_for(self, actor: int) -> float:
-        return time.monotonic() - float(self.last[actor])
+    def silent_actor(self, timeout: float) -> Optional[int]:
+        """The first actor silent for over `timeout` seconds, or None. When the learner itself was away
+        for over half of it (the whole job suspended, say), silence counts from the learner's return."""
+        now = time.monotonic()
+        if now - self.looked > timeout / 2:
+            self.since = now
+        self.looked = now
+        for actor, last in enumerate(self.last.tolist()):
+            if now - max(last, self.since) > timeout:
+                return actor
+        return None
 
 
 def get_beating(free_q, heartbeats: Heartbeats, actor: int) -> int:
@@ -546,7 +560,15 @@ def get_beating(free_q, heartbeats: Heartbeats, actor: int) -> int:
 
 
 def actor_loop(
-    actor: int, args: Args, spec, buffers: dict, store: ParameterStore, free_q, full_q, start_update: int, heartbeats
+    actor: int,
+    args: Args,
+    spec,
+    buffers: dict,
+    store: ParameterStore,
+    free_q,
+    full_q,
+    start_update: int,
+    heartbeats: Heartbeats,
 ):
     """One actor: step an envpool batch with a local copy of the policy; fill a free buffer with an
     unroll, pass its index to the learner through the full queue, repeat. Default mode: the latest
@@ -583,7 +605,7 @@ def actor_loop(
         if args.deterministic:
             wanted = max(start_update + sequence // unrolls_per_round - 1, start_update)
             if wanted != loaded:
-                loaded = store.read(flat, wanted)
+                loaded = store.read(flat, wanted, while_waiting=lambda: heartbeats.beat(actor))
                 load_flat(agent, flat)
         k = get_beating(free_q, heartbeats, actor)
         if not args.deterministic and int(store.version[0]) != loaded:
@@ -631,7 +653,7 @@ class ActorDied(RuntimeError):
 
 
 def start_actors(
-    args: Args, spec, buffers: dict, store: ParameterStore, num_buffers: int, start_update: int, heartbeats
+    args: Args, spec, buffers: dict, store: ParameterStore, num_buffers: int, start_update: int, heartbeats: Heartbeats
 ):
     """Fork the actor processes (before the learner computes anything) around bounded free/full
     index queues, every buffer free. Returns (actors, free_q, full_q)."""
@@ -650,7 +672,14 @@ def start_actors(
 
 
 def next_batch(
-    args: Args, buffers: dict, full_q, actors: list, heartbeats, pending: dict, update: int, start_update: int
+    args: Args,
+    buffers: dict,
+    full_q,
+    actors: list,
+    heartbeats: Heartbeats,
+    pending: dict,
+    update: int,
+    start_update: int,
 ):
     """Indices of the unrolls for `update`, waiting on the full queue while watching the actors (dead,
     or silent for --actor-timeout).
@@ -675,10 +704,10 @@ def next_batch(
         for actor, process in enumerate(actors):
             if process.exitcode is not None:
                 raise ActorDied(f"actor {actor} (pid {process.pid}) exited with code {process.exitcode}")
-            if heartbeats.silent_for(actor) > args.actor_timeout:
-                raise ActorDied(
-                    f"actor {actor} (pid {process.pid}) silent for {args.actor_timeout:g} s (stopped or hung)"
-                )
+        silent = heartbeats.silent_actor(args.actor_timeout)
+        if silent is not None:
+            pid = actors[silent].pid
+            raise ActorDied(f"actor {silent} (pid {pid}) silent for {args.actor_timeout:g} s (stopped or hung)")
         if k is None:
             continue
         if args.deterministic:
@@ -888,15 +917,17 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     """The dict that save_checkpoint wrote, or exit 2 with one line saying what is wrong with the file,
     which is left as it is: unreadable (truncated, empty, random bytes), of the old format, written by
     another file, or without this file's counters."""
+    # a damaged file raises one of many types (from zipfile, pickle or torch), all of them meaning the same here
     try:
         checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
-    except Exception as error:  # a damaged file raises one of many types, from zipfile, pickle or torch
+    except Exception as error:
         fail("resume", f"{checkpoint_path} is not a readable checkpoint ({type(error).__name__}); move it away")
     if not isinstance(checkpoint, dict):
         fail("resume", f"{checkpoint_path} holds a {type(checkpoint).__name__}, not a checkpoint; move it away")
     if "update" not in checkpoint:
         fail("resume", f"{checkpoint_path} has no 'update': written before the progress format; use another --exp-name")
-    written_by = checkpoint.pop("algo", "impala")  # checkpoints written before this tag are taken as this file's
+    # checkpoints written before this tag are taken as this file's
+    written_by = checkpoint.pop("algo", "impala")
     if written_by != "impala":
         fail("resume", f"{checkpoint_path} was written by {written_by}.py, not impala.py; use another --exp-name")
     missing = sorted(set(progress) - set(checkpoint))
@@ -937,7 +968,7 @@ def restore(args, model, optimizer, device, checkpoint_path: str) -> dict:
     try:
         model.load_state_dict(checkpoint.pop("model"))
         optimizer.load_state_dict(checkpoint.pop("optimizer"))
-    except (KeyError, RuntimeError, ValueError) as error:
+    except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as error:
         refuse_checkpoint(checkpoint_path, error)
     recent_returns = checkpoint.pop("recent_returns")
     progress.update(checkpoint)

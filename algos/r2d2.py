@@ -602,33 +602,47 @@ class Heartbeats:
 
     def __init__(self, count: int):
         self.last = torch.full((count,), time.monotonic(), dtype=torch.float64).share_memory_()
+        # the learner's side: when it last looked, and since when silence counts
+        self.looked = time.monotonic()
+        self.since = self.looked
 
     def beat(self, actor: int) -> None:
+        """An actor is alive: now."""
         self.last[actor] = time.monotonic()
 
-    def silent_for(self, actor: int) -> float:
-        return time.monotonic() - float(self.last[actor])
+    def silent_actor(self, timeout: float) -> Optional[int]:
+        """The first actor silent for over `timeout` seconds, or None. When the learner itself was away
+        for over half of it (the whole job suspended, say), silence counts from the learner's return."""
+        now = time.monotonic()
+        if now - self.looked > timeout / 2:
+            self.since = now
+        self.looked = now
+        for actor, last in enumerate(self.last.tolist()):
+            if now - max(last, self.since) > timeout:
+                return actor
+        return None
 
 
 class LocalLink:
     """A local actor's way to the learner: shared block buffers, index queues, the parameter
     store, the heartbeats."""
 
-    def __init__(self, buffers: dict, store: ParameterStore, free_q, full_q, heartbeats: Heartbeats):
+    def __init__(self, buffers: dict, store: ParameterStore, free_q, full_q, heartbeats: Heartbeats, actor: int):
         self.buffers = buffers
         self.store = store
         self.free_q = free_q
         self.full_q = full_q
         self.heartbeats = heartbeats
+        self.actor = actor
         self.index = None
 
-    def beat(self, actor: int) -> None:
-        self.heartbeats.beat(actor)
+    def beat(self) -> None:
+        self.heartbeats.beat(self.actor)
 
-    def block(self, actor: int) -> dict:
+    def block(self) -> dict:
         """A free buffer to fill (waits for one, beating every second: the backpressure of the rate limit)."""
         while True:
-            self.beat(actor)
+            self.beat()
             try:
                 self.index = self.free_q.get(timeout=1.0)
                 break
@@ -643,7 +657,12 @@ class LocalLink:
         return int(self.store.version[0])
 
     def params(self, out: torch.Tensor, version: Optional[int] = None) -> int:
-        return self.store.read(out, version)
+        return self.store.read(out, version, give_up=self.still_waiting)
+
+    def still_waiting(self) -> bool:
+        """Beat while the store waits for a version (deterministic mode); never give up."""
+        self.beat()
+        return False
 
 
 class RemoteLink:
@@ -659,10 +678,10 @@ class RemoteLink:
         self.flat = torch.zeros(num_params)
         self.send(receive_only=True)
 
-    def beat(self, actor: int) -> None:
+    def beat(self) -> None:
         """Nothing: a silent remote actor leaves rank 0's bridge waiting until --collective-timeout."""
 
-    def block(self, actor: int) -> dict:
+    def block(self) -> dict:
         return self.buffer
 
     def send(self, receive_only: bool = False) -> None:
@@ -825,14 +844,14 @@ def actor_loop(actor: int, args: Args, spec, link, local: bool = True) -> None:
                 if loaded < 0:
                     return
                 load_flat(net, flat)
-        block = link.block(actor)
+        block = link.block()
         if not local and link.latest() < 0:
             return
         block["ep_return"].fill_(float("nan"))
         count = 0
         steps = 0
         while count < num_envs:
-            link.beat(actor)
+            link.beat()
             due = loaded < 0 or since_refresh >= args.actor_update_interval
             if not args.deterministic and due and link.latest() != loaded:
                 loaded = link.params(flat)
@@ -926,7 +945,9 @@ class ActorDied(RuntimeError):
     """An actor (or the link to a remote one) is gone: the job ends non-zero."""
 
 
-def start_actors(args: Args, spec, groups: dict, buffers: dict, store: ParameterStore, control: dict, heartbeats):
+def start_actors(
+    args: Args, spec, groups: dict, buffers: dict, store: ParameterStore, control: dict, heartbeats: Heartbeats
+):
     """Fork the local actors over the shared buffers (all free at first) and start one bridge thread
     per remote rank. Returns (actor processes, bridge threads, free queue, full queue)."""
     context = mp.get_context("fork")
@@ -934,11 +955,10 @@ def start_actors(args: Args, spec, groups: dict, buffers: dict, store: Parameter
     full_q = context.Queue(maxsize=args.num_buffers)
     for index in range(args.num_buffers):
         free_q.put(index)
-    link = LocalLink(buffers, store, free_q, full_q, heartbeats)
-    actors = [
-        context.Process(target=actor_loop, args=(actor, args, spec, link), daemon=True)
-        for actor in range(args.num_actors)
-    ]
+    actors = []
+    for actor in range(args.num_actors):
+        link = LocalLink(buffers, store, free_q, full_q, heartbeats, actor)
+        actors.append(context.Process(target=actor_loop, args=(actor, args, spec, link), daemon=True))
     for process in actors:
         process.start()
     bridges = []
@@ -959,7 +979,14 @@ def stop_actors(actors: list, control: dict) -> None:
 
 
 def next_block(
-    args: Args, actors: list, heartbeats, control: dict, buffers: dict, full_q, pending: dict, expected: tuple
+    args: Args,
+    actors: list,
+    heartbeats: Heartbeats,
+    control: dict,
+    buffers: dict,
+    full_q,
+    pending: dict,
+    expected: tuple,
 ) -> int:
     """A filled buffer's index, watching the actors (dead, or silent for --actor-timeout).
     Deterministic: block `expected` = (sequence, actor) only."""
@@ -974,10 +1001,10 @@ def next_block(
         for actor, process in enumerate(actors):
             if process.exitcode is not None:
                 raise ActorDied(f"actor {actor} (pid {process.pid}) exited with code {process.exitcode}")
-            if heartbeats.silent_for(actor) > args.actor_timeout:
-                raise ActorDied(
-                    f"actor {actor} (pid {process.pid}) silent for {args.actor_timeout:g} s (stopped or hung)"
-                )
+        silent = heartbeats.silent_actor(args.actor_timeout)
+        if silent is not None:
+            pid = actors[silent].pid
+            raise ActorDied(f"actor {silent} (pid {pid}) silent for {args.actor_timeout:g} s (stopped or hung)")
         if "error" in control:
             raise ActorDied(control["error"])
         if index is not None and not args.deterministic:
@@ -1229,15 +1256,17 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     """The dict that save_checkpoint wrote, or exit 2 with one line saying what is wrong with the file,
     which is left as it is: unreadable (truncated, empty, random bytes), of the old format, written by
     another file, or without this file's counters."""
+    # a damaged file raises one of many types (from zipfile, pickle or torch), all of them meaning the same here
     try:
         checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
-    except Exception as error:  # a damaged file raises one of many types, from zipfile, pickle or torch
+    except Exception as error:
         fail("resume", f"{checkpoint_path} is not a readable checkpoint ({type(error).__name__}); move it away")
     if not isinstance(checkpoint, dict):
         fail("resume", f"{checkpoint_path} holds a {type(checkpoint).__name__}, not a checkpoint; move it away")
     if "update" not in checkpoint:
         fail("resume", f"{checkpoint_path} has no 'update': written before the progress format; use another --exp-name")
-    written_by = checkpoint.pop("algo", "r2d2")  # checkpoints written before this tag are taken as this file's
+    # checkpoints written before this tag are taken as this file's
+    written_by = checkpoint.pop("algo", "r2d2")
     if written_by != "r2d2":
         fail("resume", f"{checkpoint_path} was written by {written_by}.py, not r2d2.py; use another --exp-name")
     missing = sorted(set(progress) - set(checkpoint))
@@ -1270,7 +1299,7 @@ def restore(args, model, optimizer, device, checkpoint_path: str, target_net) ->
         model.load_state_dict(checkpoint.pop("model"))
         target_net.load_state_dict(checkpoint.pop("target"))
         optimizer.load_state_dict(checkpoint.pop("optimizer"))
-    except (KeyError, RuntimeError, ValueError) as error:
+    except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as error:
         refuse_checkpoint(checkpoint_path, error)
     recent_returns = checkpoint.pop("recent_returns")
     progress.update(checkpoint)

@@ -590,7 +590,9 @@ def inference_loop(
     control["waiting"] = waiting
     first_request = 0.0
     timeout = args.inference_timeout_ms / 1000
-    answered_at = [time.time()] * num_actors
+    answered_at = [time.monotonic()] * num_actors
+    # when this loop last looked: a pause of its own (backpressure, the job suspended) restarts the count
+    looked = time.monotonic()
     while not control.get("stop"):
         # an empty `idle` means that every actor waits: run now
         idle = [conn for actor, conn in enumerate(conns) if actor not in waiting]
@@ -606,9 +608,13 @@ def inference_loop(
             if not waiting:
                 first_request = time.time()
             waiting.append(actor)
-        now = time.time()
+        now = time.monotonic()
+        if now - looked > args.actor_timeout / 2:
+            answered_at = [now] * num_actors
+        looked = now
+        asking = set(waiting)
         for actor in range(num_actors):
-            if actor not in waiting and now - answered_at[actor] > args.actor_timeout:
+            if actor not in asking and now - answered_at[actor] > args.actor_timeout:
                 control.setdefault("error", f"actor {actor} silent for {args.actor_timeout:g} s (stopped or hung)")
                 return
         if not waiting or (len(waiting) < num_actors and time.time() < first_request + timeout):
@@ -634,7 +640,7 @@ def inference_loop(
         # answer first, then do the bookkeeping while the actors step
         for actor in requesters:
             conns[actor].send_bytes(b"")
-            answered_at[actor] = time.time()
+            answered_at[actor] = time.monotonic()
         for i, actor in enumerate(requesters):
             answered = {"obs": obs[i], "step": step[i], "logits": logits[i], "actions": action[i], "valid": valid[i]}
             answered.update(state=state_before[:, i], version=version)
@@ -955,15 +961,17 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     """The dict that save_checkpoint wrote, or exit 2 with one line saying what is wrong with the file,
     which is left as it is: unreadable (truncated, empty, random bytes), of the old format, written by
     another file, or without this file's counters."""
+    # a damaged file raises one of many types (from zipfile, pickle or torch), all of them meaning the same here
     try:
         checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
-    except Exception as error:  # a damaged file raises one of many types, from zipfile, pickle or torch
+    except Exception as error:
         fail("resume", f"{checkpoint_path} is not a readable checkpoint ({type(error).__name__}); move it away")
     if not isinstance(checkpoint, dict):
         fail("resume", f"{checkpoint_path} holds a {type(checkpoint).__name__}, not a checkpoint; move it away")
     if "update" not in checkpoint:
         fail("resume", f"{checkpoint_path} has no 'update': written before the progress format; use another --exp-name")
-    written_by = checkpoint.pop("algo", "seed")  # checkpoints written before this tag are taken as this file's
+    # checkpoints written before this tag are taken as this file's
+    written_by = checkpoint.pop("algo", "seed")
     if written_by != "seed":
         fail("resume", f"{checkpoint_path} was written by {written_by}.py, not seed.py; use another --exp-name")
     missing = sorted(set(progress) - set(checkpoint))
@@ -994,7 +1002,7 @@ def restore(args, model, optimizer, device, checkpoint_path: str) -> dict:
     try:
         model.load_state_dict(checkpoint.pop("model"))
         optimizer.load_state_dict(checkpoint.pop("optimizer"))
-    except (KeyError, RuntimeError, ValueError) as error:
+    except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as error:
         refuse_checkpoint(checkpoint_path, error)
     recent_returns = checkpoint.pop("recent_returns")
     progress.update(checkpoint)

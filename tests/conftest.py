@@ -373,7 +373,7 @@ def start_actor(module, args, spec, net, num_buffers: int = 2):
     free_q, full_q = ctx.Queue(maxsize=num_buffers), ctx.Queue(maxsize=num_buffers)
     for k in range(num_buffers):
         free_q.put(k)
-    link = module.LocalLink(buffers, store, free_q, full_q, module.Heartbeats(1))
+    link = module.LocalLink(buffers, store, free_q, full_q, module.Heartbeats(1), 0)
     actor = ctx.Process(target=module.actor_loop, args=(0, args, spec, link), daemon=True)
     actor.start()
     return actor, buffers, store, free_q, full_q
