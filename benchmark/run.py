@@ -147,12 +147,28 @@ SUITES = {
         for algo in ["ddppo", "impala", "seed", "es", "ga", "a3c", "fedpg", "apex"]
     }
     | {"r2d2": R2D2_MASKED},
+    # a harder task for every file: Acrobot-v1 (threshold -100) with each file's CartPole defaults, budget included
+    "acrobot": {
+        algo: [PY, str(ROOT / f"algos/{algo}.py"), "--seed", "{seed}", "--exp-name", "bench", "--env-id", "Acrobot-v1"]
+        for algo in ["ddppo", "impala", "seed", "es", "ga", "a3c", "fedpg", "apex", "r2d2"]
+    },
     # the learning tests' short runs (tests/test_r2d2.py, tests/test_apex.py): the defaults with a small budget, and
     # Ape-X on masked CartPole as the control that has no memory
     "learning_proofs": {
         "r2d2_masked_120k": [*R2D2_MASKED, "--total-timesteps", "120000"],
         "apex_masked_120k": [*APEX, "--mask-velocity", "--total-timesteps", "120000"],
         "apex_100k": [*APEX, "--total-timesteps", "100000"],
+        # shorter budgets for the suite's time (issue "Scale for real"): the floor, not the threshold
+        "r2d2_masked_80k": [*R2D2_MASKED, "--total-timesteps", "80000"],
+        "apex_60k": [*APEX, "--total-timesteps", "60000"],
+        "impala_150k": [PY, str(ROOT / "algos/impala.py"), "--seed", "{seed}", "--exp-name", "bench"]
+        + ["--total-timesteps", "150000"],
+        "seed_100k": [PY, str(ROOT / "algos/seed.py"), "--seed", "{seed}", "--exp-name", "bench"]
+        + ["--total-timesteps", "100000"],
+        "fedpg_500k": [PY, str(ROOT / "algos/fedpg.py"), "--seed", "{seed}", "--exp-name", "bench"]
+        + ["--total-timesteps", "500000"],
+        "fedpg_br_signflip_500k": [PY, str(ROOT / "algos/fedpg.py"), "--seed", "{seed}", "--exp-name", "bench"]
+        + ["--aggregator", "fedpg-br", "--num-byzantine", "3", "--attack", "sign-flip", "--total-timesteps", "500000"],
     },
     "smoke": {  # tiny runs of two files: the runner's own tests (tests/test_benchmark.py, tests/test_slurm.py)
         "ddppo": [

@@ -138,6 +138,11 @@ def descendants(pid: int) -> list:
     return out
 
 
+def alive(pids: list) -> list:
+    """The PIDs of `pids` still running (zombies excluded)."""
+    return [p for p in pids if os.path.exists(f"/proc/{p}") and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z"]
+
+
 def wait_for(predicate, timeout: float, interval: float = 0.02) -> bool:
     end = time.time() + timeout
     while time.time() < end:
@@ -265,11 +270,6 @@ def assert_same_result(a: dict, b: dict) -> None:
     assert {k: v for k, v in a.items() if k not in LAUNCH_KEYS} == {k: v for k, v in b.items() if k not in LAUNCH_KEYS}
 
 
-def bad_cases(cases: list) -> list:
-    """[(args, argument name), ...] as pytest parameters named after the argument and value."""
-    return [pytest.param(args, name, id=f"{name}={args[1]}") for args, name in cases]
-
-
 def sigterm_and_resume(runner: Runner, name: str, env_id: str, *args) -> None:
     """Run `name ARGS` to the end ("whole"); run it again with 2 spawned workers ("cut"), SIGTERM it once it has
     started, expect exit 0 with a checkpoint and no summary, resume it with 2 workers (rank 0 reads the checkpoint
@@ -340,25 +340,24 @@ def assert_solves(
     name: str,
     *args,
     env_id: str = "CartPole-v1",
-    seeds=(1, 2, 3, 4),
-    need: int = 2,
+    seeds=(1, 2, 3),
     threshold: Optional[float] = None,
 ):
     """The final evaluation (what a user sees) reaches `threshold` (default: the env's reward threshold) on at least
-    `need` of `seeds`, stopping as soon as that is decided. Floats differ between CPUs, so no single seed's path is
-    relied on: the defaults solve CartPole on at least 9 of 10 seeds in the benchmark (docs/<name>.md), and at a 0.9
-    success rate per seed fewer than 2 of 4 succeed with probability 0.004, while a broken algorithm fails every
-    seed. Files whose full runs are long pass a short budget in `args` and a lower `threshold` (conventions §9)."""
+    one of `seeds`, trying them in turn until one does. Floats differ between CPUs, so no single seed's path is
+    relied on: the defaults solve CartPole on at least 9 of 10 seeds in the benchmark (docs/<name>.md), so at a 0.9
+    success rate per seed all 3 fail with probability 0.001, while a broken algorithm fails every seed. A passing
+    suite pays for one run. Files whose full runs are long pass a short budget in `args` and a lower `threshold`
+    (conventions §9)."""
     results = []
     for seed in seeds:
         check_ok(runner.run(name, "--seed", seed, *args))
         s = runner.summary(env_id, name, seed=seed)
         results.append((seed, s["eval_return_mean"], s["time_to_threshold_s"]))
         target = threshold or s["reward_threshold"] or 475.0
-        solved = sum(ret >= target for _, ret, _ in results)
-        if solved >= need or solved + len(seeds) - len(results) < need:
-            break
-    assert solved >= need, f"{name}: (seed, final eval, time to threshold) = {results}, asked {target} on {need}"
+        if results[-1][1] >= target:
+            return
+    pytest.fail(f"{name}: (seed, final eval, time to threshold) = {results}, none reached {target}")
 
 
 def start_actor(module, args, spec, net, num_buffers: int = 2):

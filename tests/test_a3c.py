@@ -11,7 +11,6 @@ from conftest import (
     SUMMARY_KEYS,
     assert_bad_argument,
     assert_solves,
-    bad_cases,
     check_ok,
     kill_one_worker,
     kill_parent,
@@ -283,21 +282,3 @@ def test_torchrun_is_refused_with_one_line(runner):
         timeout=60,
     )
     assert_bad_argument(proc, "num-workers", runner.cwd)
-
-
-@pytest.mark.parametrize(
-    "args,name",
-    bad_cases(
-        [
-            (["--seed", -1], "seed"),
-            (["--env-id", "NoSuchEnv-v0"], "env-id"),
-            (["--t-max", 0], "t-max"),
-            (["--num-workers", -1], "num-workers"),
-            (["--gamma", 1.5], "gamma"),
-            (["--rmsprop-eps", 0], "rmsprop-eps"),
-            (["--env-id", "Pong-v5", "--num-envs", 0], "num-envs"),
-        ]
-    ),
-)
-def test_bad_arguments(runner, args, name):
-    assert_bad_argument(runner.run("a3c", *args), name, runner.cwd)

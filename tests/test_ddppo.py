@@ -15,10 +15,8 @@ import torch.multiprocessing as mp
 from conftest import (
     SUMMARY_KEYS,
     algo_command,
-    assert_bad_argument,
     assert_same_result,
     assert_solves,
-    bad_cases,
     check_ok,
     child_env,
     free_port,
@@ -594,22 +592,3 @@ def test_sigterm_saves_checkpoint_and_resume_finishes(runner):
 def test_dead_worker_ends_job_quickly_without_orphans(runner):
     proc = runner.start("ddppo", "--total-timesteps", 10**7, "--local-num-envs", 8, nproc=2)
     kill_one_worker(proc, "ddppo.py", runner.run_dir(ENV, "ddppo").exists)
-
-
-BAD = [
-    (["--seed", -1], "--seed"),
-    (["--env-id", "NoSuchEnv-v0"], "--env-id"),
-    (["--env-id", "MiniGrid-Empty-5x5-v0"], "--env-id"),
-    (["--num-minibatches", "3"], "--num-minibatches"),
-    (["--local-num-envs", "-4"], "--local-num-envs"),
-    (["--total-timesteps", "0"], "--total-timesteps"),
-    (["--sync-frac", "1.5"], "--sync-frac"),
-    (["--env-id", "Pong-v5", "--norm-obs"], "--norm-obs"),
-    (["--clip-obs", "0"], "--clip-obs"),
-    (["--clip-reward", "-1"], "--clip-reward"),
-]
-
-
-@pytest.mark.parametrize("args,name", bad_cases(BAD))
-def test_bad_arguments_exit_2_naming_the_argument(runner, args, name):
-    assert_bad_argument(runner.run("ddppo", *args, timeout=60), name, runner.cwd)

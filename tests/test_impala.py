@@ -10,9 +10,7 @@ import torch.multiprocessing as mp
 from conftest import (
     LAUNCH_KEYS,
     SUMMARY_KEYS,
-    assert_bad_argument,
     assert_solves,
-    bad_cases,
     check_ok,
     kill_one_worker,
     load_algo,
@@ -293,24 +291,3 @@ def test_killed_actor_ends_the_job(runner):
 def test_sigterm_checkpoint_resume(runner):
     s = sigterm_then_resume(runner, "impala", "CartPole-v1", "--total-timesteps", 400000)
     assert s["global_step"] == 400000 - 400000 % (impala.Args().batch_size * 20)
-
-
-@pytest.mark.parametrize(
-    "args,name",
-    bad_cases(
-        [
-            (["--seed", -1], "seed"),
-            (["--env-id", "NoSuchEnv-v0"], "env-id"),
-            (["--env-id", "Pendulum-v1"], "env-id"),
-            (["--batch-size", 12], "batch-size"),
-            (["--num-envs", 0], "num-envs"),
-            (["--rho-bar", 0], "rho-bar"),
-            (["--vtrace-lambda", 1.5], "vtrace-lambda"),
-            (["--network", "resnet"], "network"),
-            (["--deterministic", "--num-actors", 3], "num-actors"),
-            (["--num-buffers", 1, "--batch-size", 16], "num-buffers"),
-        ]
-    ),
-)
-def test_bad_arguments(runner, args, name):
-    assert_bad_argument(runner.run("impala", *args), name, runner.cwd)

@@ -1,12 +1,9 @@
 """SEED-style central inference (algos/seed.py). V-trace, the loss and the networks are the same
 text as in algos/impala.py and are tested on both files in tests/test_impala.py."""
 
-import pytest
 from conftest import (
     SUMMARY_KEYS,
-    assert_bad_argument,
     assert_solves,
-    bad_cases,
     check_ok,
     kill_one_worker,
     sigterm_then_resume,
@@ -69,26 +66,6 @@ def test_sigterm_under_torchrun_with_a_remote_actor_checkpoints_and_resumes(runn
     checkpoint and told it to stop; the resumed 2-rank run then finishes."""
     s = sigterm_then_resume(runner, "seed", "CartPole-v1", "--total-timesteps", 100000, "--num-actors", 1, nproc=2)
     assert s["global_step"] == 100000 - 100000 % 160 and s["world_size"] == 2
-
-
-@pytest.mark.parametrize(
-    "args,name",
-    bad_cases(
-        [
-            (["--seed", -1], "seed"),
-            (["--env-id", "NoSuchEnv-v0"], "env-id"),
-            (["--env-id", "Pendulum-v1"], "env-id"),
-            (["--batch-size", 12], "batch-size"),
-            (["--inference-timeout-ms", -1], "inference-timeout-ms"),
-            (["--c-bar", 0], "c-bar"),
-            (["--network", "nature"], "network"),
-            (["--num-buffers", 1, "--batch-size", 16], "num-buffers"),
-            (["--num-actors", 3, "--batch-size", 16, "--num-buffers", 3], "num-buffers"),
-        ]
-    ),
-)  # 3 would deadlock: 3 + 2 - 1 = 4
-def test_bad_arguments(runner, args, name):
-    assert_bad_argument(runner.run("seed", *args), name, runner.cwd)
 
 
 def test_remote_bridge_stops_on_what_it_sent(monkeypatch):

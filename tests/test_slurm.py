@@ -97,7 +97,7 @@ def test_torchrun_job_with_two_ranks(cluster, tmp_path):
 def test_preemption_checkpoints_requeues_and_resumes(cluster, tmp_path):
     """USR1 to the batch shell (what --signal=B:USR1@90 or a preempting scheduler sends): the ranks checkpoint, the
     job is requeued, starts again with --resume and finishes the run with whole-run figures."""
-    total = 1500 * 256  # a whole number of updates (16 envs x 16 steps each)
+    total = 600 * 256  # a whole number of updates (16 envs x 16 steps each)
     env = dict(cluster, NPROC="1", RDZV_PORT=str(free_port()))
     job = submit(env, tmp_path, "--nodes=1", TORCHRUN_SCRIPT, "--total-timesteps", total, "--eval-episodes", 2)
     log_path = tmp_path / f"slurm-ddppo-{job}.out"
@@ -156,7 +156,7 @@ def test_benchmark_runner_submits_a_suite_as_one_array_job(cluster, tmp_path):
 
     out = tmp_path / "smoke.json"
     runs = tmp_path / "runs"
-    command = [sys.executable, ROOT / "benchmark" / "run.py", "smoke", "--seeds", 1, 2, "--slurm"]
+    command = [sys.executable, ROOT / "benchmark" / "run.py", "smoke", "--seeds", 1, "--slurm"]
     proc = subprocess.run(
         [str(part) for part in [*command, "--runs-dir", runs, "--out", out]],
         env=cluster,
@@ -168,6 +168,6 @@ def test_benchmark_runner_submits_a_suite_as_one_array_job(cluster, tmp_path):
     record = json.loads(out.read_text())
     assert record["slurm"] and sorted(record["runs"]) == ["ddppo", "es"]
     for entry in ["ddppo", "es"]:
-        assert [summary["seed"] for summary in record["runs"][entry]] == [1, 2]
-    assert len(list(runs.glob("slurm-distrl-smoke-*_*.out"))) == 4  # one log per array task
+        assert [summary["seed"] for summary in record["runs"][entry]] == [1]
+    assert len(list(runs.glob("slurm-distrl-smoke-*_*.out"))) == 2  # one log per array task
     assert out.with_suffix(".md").exists() and out.with_suffix(".csv").exists()

@@ -5,18 +5,13 @@ checkpoint at the end of the current update, exit 0 within 10 s, no process left
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
-from conftest import descendants, wait_for
+from conftest import alive, descendants, wait_for
 
 ALGOS = ["a3c", "apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"]
 # the files that fork workers, with two of them (the others run actors or ranks by default)
 EXTRA = {"es": ["--num-workers", 2], "ga": ["--num-workers", 2], "fedpg": ["--num-workers", 2]}
-
-
-def alive(pids: list) -> list:
-    return [p for p in pids if os.path.exists(f"/proc/{p}") and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z"]
 
 
 @pytest.mark.parametrize("name", ALGOS)
