@@ -100,10 +100,11 @@ def validate(args: Args) -> None:
     if not 0 <= args.seed < 2**30:
         fail("seed", f"must be in [0, 2**30), got {args.seed}")
     positive = ["total_timesteps", "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"]
-    for name in positive + ["learning_rate", "clip_obs", "clip_reward", "collective_timeout"]:
+    # max_grad_norm 0 would clip every gradient to zero: refused, not taken as "off"
+    for name in positive + ["learning_rate", "clip_obs", "clip_reward", "collective_timeout", "max_grad_norm"]:
         if getattr(args, name) <= 0:
             fail(name, f"must be positive, got {getattr(args, name)}")
-    for name in ["torch_threads", "env_threads", "checkpoint_every", "ent_coef", "vf_coef", "max_grad_norm"]:
+    for name in ["torch_threads", "env_threads", "checkpoint_every", "ent_coef", "vf_coef"]:
         if getattr(args, name) < 0:
             fail(name, f"must not be negative, got {getattr(args, name)}")
     for name in ["sync_frac", "min_rollout_frac", "gamma", "gae_lambda"]:

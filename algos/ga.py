@@ -514,14 +514,6 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     return checkpoint
 
 
-def refuse_checkpoint(checkpoint_path: str, error: Exception) -> None:
-    """Exit 2 with one line: the checkpoint's weights or optimizer state do not fit this run's."""
-    problem = " ".join(str(error).split())[:300]
-    fail(
-        "resume", f"{checkpoint_path} does not fit this run ({type(error).__name__}: {problem}); use another --exp-name"
-    )
-
-
 def restore(args: Args, checkpoint_path: str) -> dict:
     """A fresh progress dict, or with --resume and a checkpoint, the checkpoint's: the GA has no
     model or optimizer apart from the seed lists in progress. Rank 0 reads the checkpoint and

@@ -116,12 +116,13 @@ def validate(args: Args) -> None:
         fail("seed", f"must be in [0, 2**30), got {args.seed}")
     positive = ["total_timesteps", "num_envs", "unroll_length", "batch_size", "eval_episodes", "learning_rate"]
     positive += ["rho_bar", "c_bar", "rmsprop_eps", "adam_eps", "clip_reward", "collective_timeout"]
-    positive += ["actor_timeout"]
+    # max_grad_norm 0 would clip every gradient to zero: refused, not taken as "off"
+    positive += ["actor_timeout", "max_grad_norm"]
     for name in positive:
         if getattr(args, name) <= 0:
             fail(name, f"must be positive, got {getattr(args, name)}")
     not_negative = ["torch_threads", "env_threads", "num_actors", "num_buffers", "checkpoint_every", "ent_coef"]
-    not_negative += ["vf_coef", "max_grad_norm", "inference_timeout_ms"]
+    not_negative += ["vf_coef", "inference_timeout_ms"]
     for name in not_negative:
         if getattr(args, name) < 0:
             fail(name, f"must not be negative, got {getattr(args, name)}")

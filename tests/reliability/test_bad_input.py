@@ -60,6 +60,7 @@ BAD = {
         (["--env-id", "Pong-v5", "--norm-obs"], "norm-obs"),
         (["--clip-obs", 0], "clip-obs"),
         (["--clip-reward", -1], "clip-reward"),
+        (["--max-grad-norm", 0], "max-grad-norm"),
     ],
     "es": [
         (["--seed", -1], "seed"),
@@ -102,6 +103,7 @@ BAD = {
         (["--network", "resnet"], "network"),
         (["--deterministic", "--num-actors", 3], "num-actors"),
         (["--num-buffers", 1, "--batch-size", 16], "num-buffers"),
+        (["--max-grad-norm", 0], "max-grad-norm"),
     ],
     "seed": [
         (["--seed", -1], "seed"),
@@ -114,6 +116,7 @@ BAD = {
         (["--num-buffers", 1, "--batch-size", 16], "num-buffers"),
         # 3 actors and 2 buffers per batch would deadlock: 3 + 2 - 1 = 4 buffers needed
         (["--num-actors", 3, "--batch-size", 16, "--num-buffers", 3], "num-buffers"),
+        (["--max-grad-norm", 0], "max-grad-norm"),
     ],
 }
 # the timeouts every file takes (reliability: hangs), each refused when not positive
