@@ -152,6 +152,19 @@ def wait_for(predicate, timeout: float, interval: float = 0.02) -> bool:
     return predicate()
 
 
+def signal_once_training(runner: "Runner", proc: subprocess.Popen, send, timeout: float) -> tuple:
+    """Wait until the run trains (its TensorBoard event file exists), give it a second, note its processes, call
+    send() (the fault), and wait for proc to end. Returns (its output, seconds from send() to its end, the
+    processes it had)."""
+    assert wait_for(lambda: list(runner.cwd.glob("runs/*/events.*")), 60), "training did not start"
+    time.sleep(1.0)
+    processes = descendants(proc.pid)
+    send()
+    sent_at = time.monotonic()
+    out, _ = proc.communicate(timeout=timeout)
+    return out, time.monotonic() - sent_at, processes
+
+
 def assert_bad_argument(proc: subprocess.CompletedProcess, name: str, cwd: Path) -> None:
     """Exit code 2, one line on stderr naming the argument, and nothing started (no runs/ folder)."""
     assert proc.returncode == 2, proc.stderr

@@ -261,8 +261,8 @@ def test_workers_die_with_a_killed_parent(runner):
 
 
 def test_sigterm_checkpoint_resume(runner):
-    s = sigterm_then_resume(runner, "a3c", "CartPole-v1", "--num-workers", 2, "--total-timesteps", 300000)
-    assert s["global_step"] >= 300000 and s["updates"] * 40 == s["global_step"]
+    s = sigterm_then_resume(runner, "a3c", "CartPole-v1", "--num-workers", 2, "--total-timesteps", 150000)
+    assert s["global_step"] >= 150000 and s["updates"] * 40 == s["global_step"]
 
 
 def test_torchrun_is_refused_with_one_line(runner):

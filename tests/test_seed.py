@@ -2,6 +2,7 @@
 text as in algos/impala.py and are tested on both files in tests/test_impala.py."""
 
 from conftest import (
+    LEARNED_FLOOR,
     SUMMARY_KEYS,
     assert_solves,
     check_ok,
@@ -46,8 +47,11 @@ def test_fewest_buffers_accepted_do_not_deadlock(runner):
     assert runner.summary("CartPole-v1", "seed")["global_step"] == 3200
 
 
-def test_learns_cartpole_with_defaults(runner):
-    assert_solves(runner, "seed")
+def test_learns_cartpole_with_a_short_budget(runner):
+    """A quarter of the defaults' budget (conventions §9): with --total-timesteps 100000 the final evaluation reached
+    LEARNED_FLOOR on every one of 10 seeds (367-500, 9 of them 500, on the AMD EPYC; `python benchmark/run.py
+    learning_proofs`, learning_proofs_short_cartpole.json). One of seeds 1-3 must reach it."""
+    assert_solves(runner, "seed", "--total-timesteps", 100_000, threshold=LEARNED_FLOOR)
 
 
 def test_killed_actor_ends_the_job(runner):
@@ -57,8 +61,8 @@ def test_killed_actor_ends_the_job(runner):
 
 
 def test_sigterm_checkpoint_resume(runner):
-    s = sigterm_then_resume(runner, "seed", "CartPole-v1", "--total-timesteps", 200000)
-    assert s["global_step"] == 200000 - 200000 % 160
+    s = sigterm_then_resume(runner, "seed", "CartPole-v1", "--total-timesteps", 100000)
+    assert s["global_step"] == 100000 - 100000 % 160
 
 
 def test_sigterm_under_torchrun_with_a_remote_actor_checkpoints_and_resumes(runner):

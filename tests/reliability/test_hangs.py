@@ -6,10 +6,9 @@ worker) after --actor-timeout (--worker-timeout) and ends the job naming it."""
 import os
 import signal
 import subprocess
-import time
 
 import pytest
-from conftest import algo_command, alive, child_env, descendants, free_port, kill_one_worker, wait_for
+from conftest import algo_command, alive, child_env, free_port, kill_one_worker, signal_once_training, wait_for
 
 TIMEOUT = 5  # --collective-timeout of these runs, in seconds
 # the files that fork their own workers; the file's parent gives them 2 s after one fails, then SIGTERM, 2 s more,
@@ -69,13 +68,9 @@ def test_a_stopped_rank_fails_the_rank_waiting_for_it(runner, name):
     within --collective-timeout + 10 s, and none of its own processes outlives it."""
     rank0, rank1 = start_ranks(runner, name, LONG)
     try:
-        assert wait_for(lambda: list(runner.cwd.glob("runs/*/events.*")), 60), "training did not start"
-        time.sleep(1.0)
-        own = descendants(rank0.pid)
-        os.kill(rank1.pid, signal.SIGSTOP)
-        stopped_at = time.monotonic()
-        out, _ = rank0.communicate(timeout=TIMEOUT + 30)
-        assert time.monotonic() - stopped_at < TIMEOUT + 10, f"rank 0 took {time.monotonic() - stopped_at:.1f} s"
+        stop = lambda: os.kill(rank1.pid, signal.SIGSTOP)  # noqa: E731
+        out, seconds, own = signal_once_training(runner, rank0, stop, timeout=TIMEOUT + 30)
+        assert seconds < TIMEOUT + 10, f"rank 0 took {seconds:.1f} s"
         assert rank0.returncode != 0, out[-2000:]
         assert wait_for(lambda: not alive(own), 5), f"left behind: {alive(own)}"
     finally:

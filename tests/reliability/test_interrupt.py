@@ -4,10 +4,9 @@ checkpoint at the end of the current update, exit 0 within 10 s, no process left
 
 import os
 import signal
-import time
 
 import pytest
-from conftest import alive, descendants, wait_for
+from conftest import alive, signal_once_training, wait_for
 
 ALGOS = ["a3c", "apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"]
 # the files that fork workers, with two of them (the others run actors or ranks by default)
@@ -19,13 +18,8 @@ def test_ctrl_c_checkpoints_and_exits_0(runner, name):
     shared_memory_before = set(os.listdir("/dev/shm"))
     proc = runner.start(name, "--env-id", "CartPole-v1", "--total-timesteps", 10**8, *EXTRA.get(name, []))
     try:
-        assert wait_for(lambda: list(runner.cwd.glob("runs/*/events.*")), 60), "training did not start"
-        time.sleep(1.0)
-        processes = descendants(proc.pid)
-        os.killpg(proc.pid, signal.SIGINT)
-        interrupted_at = time.time()
-        out, _ = proc.communicate(timeout=30)
-        assert time.time() - interrupted_at < 10, f"took {time.time() - interrupted_at:.1f} s to stop"
+        out, seconds, processes = signal_once_training(runner, proc, lambda: os.killpg(proc.pid, signal.SIGINT), 30)
+        assert seconds < 10, f"took {seconds:.1f} s to stop"
         assert proc.returncode == 0, out[-2000:]
         assert "signal received: checkpoint" in out, out[-2000:]
         assert list(runner.cwd.glob("runs/*/checkpoint.pt"))
