@@ -3,6 +3,7 @@ TensorBoard events written here with known values, and the rule that stops the p
 
 import csv
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,11 +23,20 @@ NINE = ["a3c", "apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"]
 
 def test_readme_results_table_agrees_with_the_results_files():
     """README's table is what benchmark/results_table.py makes of the committed results files, a row per file."""
-    block = results_table.readme_block(results_table.README.read_text())
+    block = results_table.block(results_table.README.read_text())
     assert block == results_table.table(), "README's results table is stale: run python benchmark/results_table.py"
     rows = [line for line in block.splitlines() if line.startswith("| ")][1:]
     assert [row.split(" | ")[0][2:] for row in rows] == [name for name, *_ in results_table.SOURCES]
     assert {entry.split("_")[0] for *_, entry in results_table.SOURCES} == set(NINE)  # every file has a row
+
+
+def test_index_comparison_table_agrees_with_the_results_files():
+    """docs/index.md's table of the nine files is what benchmark/results_table.py makes of the results, a row each."""
+    page = results_table.INDEX.read_text()
+    block = results_table.block(page, results_table.INDEX_START, results_table.INDEX_END)
+    assert block == results_table.index_table(), "docs/index.md's table is stale: run python benchmark/results_table.py"
+    rows = [line for line in block.splitlines() if line.startswith("| [")]
+    assert sorted(re.match(r"\| \[[^\]]*\]\((\w+)\.md\)", row).group(1) for row in rows) == NINE
 
 
 def test_dry_run_prints_every_command_and_runs_nothing(tmp_path):
