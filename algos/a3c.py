@@ -854,6 +854,9 @@ def default_num_workers() -> int:
 
 
 def main(args: Args) -> int:
+    # first of all: a signal during start-up ends in a checkpoint, not in exit 143 (forked workers and actors
+    # keep the handlers until they ignore the signals themselves)
+    stop = install_stop_handlers()
     # envpool's spaces warn about it
     warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
     validate(args)
@@ -878,8 +881,6 @@ def main(args: Args) -> int:
     counter = mp.Array("q", [progress["global_step"], progress["update"]])
     halt = mp.Value("b", 0, lock=False)
     go = mp.Event()
-    # before the fork: each worker then ignores these signals, the parent turns them into `halt`
-    stop = install_stop_handlers()
     workers, messages = start_workers(args, spec, flat, optimizer, counter, halt, go, progress["segment"])
     exit_code = 0
     # whatever ends this (an exception too), no worker outlives it: they ignore the SIGTERM of exit

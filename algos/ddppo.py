@@ -10,6 +10,7 @@ fraction `sync_frac` of the ranks has finished its rollout, so stragglers do not
   torchrun --standalone --nproc_per_node=2 algos/ddppo.py           # 2 ranks on one machine
 """
 
+import ctypes
 import importlib
 import json
 import math
@@ -877,6 +878,10 @@ def setup_distributed(args: Args):
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
     args.rank = int(os.environ.get("RANK", "0"))
     args.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        # a rank under torchrun: die with its agent, whatever kills it (PR_SET_PDEATHSIG); ranks that no longer
+        # use the agent's store would otherwise train on without it
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
     use_cuda = args.cuda and torch.cuda.is_available()
     device = torch.device(f"cuda:{args.local_rank}" if use_cuda else "cpu")
     if use_cuda:
@@ -917,6 +922,8 @@ def finish_distributed(args: Args) -> None:
 
 
 def main(args: Args) -> int:
+    # first of all: a signal during start-up ends in a checkpoint, not in exit 143
+    stop = install_stop_handlers()
     # envpool's spaces warn about it
     warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
     validate(args)
@@ -939,7 +946,6 @@ def main(args: Args) -> int:
     optimizer = make_optimizer(args, flat)
     progress = restore(args, agent, optimizer, device, checkpoint_path)
     writer = open_writer(args, run_dir, progress) if args.rank == 0 else None
-    stop = install_stop_handlers()
 
     # Envs and the sampling generator start once, from a seed tied to (seed, rank, restart update); checkpoints
     # leave them alone (a checkpoint must not change training). A resumed run restarts its episodes there.

@@ -538,13 +538,17 @@ def install_stop_handlers(stop: Optional[dict] = None) -> dict:
     """SIGTERM, SIGUSR1 (SLURM preemption) and Ctrl-C's SIGINT ask for a checkpoint at the end of the
     current generation. Installed first thing in main(), and again by a forked worker on the dict it
     inherits, so that a signal during start-up is kept, never fatal (exit 143). A second Ctrl-C ends the
-    run at once (KeyboardInterrupt, no checkpoint)."""
+    run at once (KeyboardInterrupt, no checkpoint) in the parent; its workers die with it."""
+    # a forked worker, given its parent's dict, keeps asking: a worker forked the moment Ctrl-C came was seen
+    # to take that one Ctrl-C twice, and its KeyboardInterrupt then ended the job with exit 1
+    forked = stop is not None
     stop = {"signal": 0} if stop is None else stop
 
     def ask_to_stop(signum, frame):
         stop["signal"] = signum
         # a second Ctrl-C ends the run at once
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if not forked:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
     for signal_number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(signal_number, ask_to_stop)
@@ -652,6 +656,10 @@ def setup_distributed(args: Args) -> None:
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
     args.rank = int(os.environ.get("RANK", "0"))
     args.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        # a rank under torchrun: die with its agent, whatever kills it (PR_SET_PDEATHSIG); ranks that no longer
+        # use the agent's store would otherwise train on without it
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
     if args.world_size > 1:
         dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=args.collective_timeout))
 

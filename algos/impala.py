@@ -1084,6 +1084,10 @@ def setup_distributed(args: Args):
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
     args.rank = int(os.environ.get("RANK", "0"))
     args.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        # a rank under torchrun: die with its agent, whatever kills it (PR_SET_PDEATHSIG); ranks that no longer
+        # use the agent's store would otherwise train on without it
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
     use_cuda = args.cuda and torch.cuda.is_available()
     device = torch.device(f"cuda:{args.local_rank}" if use_cuda else "cpu")
     if use_cuda:
@@ -1124,6 +1128,9 @@ def finish_distributed(args: Args, exit_code: int) -> None:
 
 
 def main(args: Args) -> int:
+    # first of all: a signal during start-up ends in a checkpoint, not in exit 143 (forked workers and actors
+    # keep the handlers until they ignore the signals themselves)
+    stop = install_stop_handlers()
     # envpool's spaces warn about it
     warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
     validate(args)
@@ -1154,7 +1161,6 @@ def main(args: Args) -> int:
     heartbeats = Heartbeats(args.num_actors)
     actors, free_q, full_q = start_actors(args, spec, buffers, store, num_buffers, start_update, heartbeats)
     writer = open_writer(args, run_dir, progress) if args.rank == 0 else None
-    stop = install_stop_handlers()
     stats = new_stats()
     pending = {}
     last_print = 0.0

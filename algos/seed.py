@@ -1128,6 +1128,10 @@ def setup_distributed(args: Args):
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
     args.rank = int(os.environ.get("RANK", "0"))
     args.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        # a rank under torchrun: die with its agent, whatever kills it (PR_SET_PDEATHSIG); ranks that no longer
+        # use the agent's store would otherwise train on without it
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
     use_cuda = args.cuda and torch.cuda.is_available() and args.rank == 0
     device = torch.device(f"cuda:{args.local_rank}" if use_cuda else "cpu")
     if use_cuda:
@@ -1212,6 +1216,9 @@ def run_remote_actor(args: Args, spec, groups: dict) -> int:
 
 
 def main(args: Args) -> int:
+    # first of all: a signal during start-up ends in a checkpoint, not in exit 143 (forked workers and actors
+    # keep the handlers until they ignore the signals themselves)
+    stop = install_stop_handlers()
     # envpool's spaces warn about it
     warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
     validate(args)
@@ -1250,7 +1257,6 @@ def main(args: Args) -> int:
         args, agent, lock, slots, pipes, buffers, num_buffers, control, device, start_update
     )
     writer = open_writer(args, run_dir, progress)
-    stop = install_stop_handlers()
     stats = new_stats()
     last_print = 0.0
     exit_code = 0

@@ -143,6 +143,19 @@ def alive(pids: list) -> list:
     return [p for p in pids if os.path.exists(f"/proc/{p}") and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z"]
 
 
+def session_members(session: int) -> list:
+    """The living processes (zombies excluded) of a session, from /proc."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == session and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
 def wait_for(predicate, timeout: float, interval: float = 0.02) -> bool:
     end = time.time() + timeout
     while time.time() < end:
@@ -219,51 +232,6 @@ def kill_one_worker(
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def kill_parent(runner: "Runner", name: str, env_id: str, *args) -> None:
-    """Start `name ARGS --num-workers 2` with its output in a file (as under SLURM), SIGKILL the parent once the
-    workers run, and assert that every worker is gone within 10 s (none left blocked in a collective)."""
-    import shlex
-    import signal
-
-    command = " ".join(shlex.quote(str(c)) for c in algo_command(name, [*args, "--num-workers", 2]))
-    # Launched from a shell in the background, output to a file, as a batch script would: started from Python
-    # directly, the workers of the unguarded files happened to die with the parent, which hid the bug.
-    launcher = subprocess.run(
-        ["bash", "-c", f"{command} > job.log 2>&1 < /dev/null & echo $!"],
-        cwd=runner.cwd,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    parent = int(launcher.stdout.split()[-1])
-
-    def workers():
-        return [
-            p
-            for p in descendants(parent)
-            if os.path.exists(f"/proc/{p}") and f"{name}.py" in open(f"/proc/{p}/cmdline").read()
-        ]
-
-    assert wait_for(lambda: len(workers()) >= 2 and runner.run_dir(env_id, name).exists(), 60), "no workers"
-    time.sleep(1.0)
-    victims = workers()
-    os.kill(parent, signal.SIGKILL)
-
-    def alive():
-        return [
-            p
-            for p in victims
-            if os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
-        ]
-
-    try:
-        assert wait_for(lambda: not alive(), 10), f"workers {alive()} outlived their parent"
-    finally:
-        for p in alive():
-            os.kill(p, signal.SIGKILL)
 
 
 # summary.json keys that measure time or depend on the launch (worker count, padding), not the result

@@ -12,8 +12,6 @@ from conftest import (
     assert_bad_argument,
     assert_solves,
     check_ok,
-    kill_one_worker,
-    kill_parent,
     load_algo,
     sigterm_then_resume,
 )
@@ -248,16 +246,6 @@ def test_one_worker_is_bitwise_repeatable(runner):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     sa, sb = runner.summary("CartPole-v1", "a"), runner.summary("CartPole-v1", "b")
     assert sa["eval_return_mean"] == sb["eval_return_mean"] and sa["train_return_last20"] == sb["train_return_last20"]
-
-
-def test_killed_worker_ends_the_run(runner):
-    proc = runner.start("a3c", "--num-workers", 2, "--total-timesteps", 10**8)
-    out = kill_one_worker(proc, "a3c.py", lambda: list(runner.cwd.glob("runs/*/events.*")))
-    assert "worker 1" in out, out
-
-
-def test_workers_die_with_a_killed_parent(runner):
-    kill_parent(runner, "a3c", "CartPole-v1", "--total-timesteps", 10**8)
 
 
 def test_sigterm_checkpoint_resume(runner):

@@ -14,7 +14,6 @@ from conftest import (
     SUMMARY_KEYS,
     assert_solves,
     check_ok,
-    kill_one_worker,
     load_algo,
     sigterm_then_resume,
     start_actor,
@@ -392,13 +391,6 @@ def test_deterministic_mode_is_bitwise(runner, name):
     wa = torch.load(runner.run_dir("CartPole-v1", "a") / "model.pt", weights_only=True)
     wb = torch.load(runner.run_dir("CartPole-v1", "b") / "model.pt", weights_only=True)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
-
-
-@pytest.mark.parametrize("name", ALGOS)
-def test_killed_actor_ends_the_job(runner, name):
-    proc = runner.start(name, "--total-timesteps", 10**7, "--num-actors", 2)
-    out = kill_one_worker(proc, f"{name}.py", lambda: list(runner.cwd.glob("runs/*/events.*")))
-    assert "actor 1" in out, out
 
 
 @pytest.mark.parametrize("name", ALGOS)

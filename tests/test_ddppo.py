@@ -20,7 +20,6 @@ from conftest import (
     check_ok,
     child_env,
     free_port,
-    kill_one_worker,
     load_algo,
     wait_for,
 )
@@ -587,8 +586,3 @@ def test_sigterm_saves_checkpoint_and_resume_finishes(runner):
     assert not (runner.run_dir(ENV, "ddppo") / "summary.json").exists()
     check_ok(runner.run("ddppo", *args, "--resume"))
     assert runner.summary(ENV, "ddppo")["global_step"] == 600 * 256
-
-
-def test_dead_worker_ends_job_quickly_without_orphans(runner):
-    proc = runner.start("ddppo", "--total-timesteps", 10**7, "--local-num-envs", 8, nproc=2)
-    kill_one_worker(proc, "ddppo.py", runner.run_dir(ENV, "ddppo").exists)

@@ -14,12 +14,8 @@ from conftest import (
     assert_same_result,
     assert_solves,
     check_ok,
-    descendants,
-    kill_one_worker,
-    kill_parent,
     load_algo,
     sigterm_and_resume,
-    wait_for,
 )
 
 es = load_algo("es")
@@ -195,26 +191,3 @@ def test_mujoco_continuous_actions_run(runner):
 
 def test_sigterm_checkpoint_and_resume_equal_uninterrupted(runner):
     sigterm_and_resume(runner, "es", ENV, "--total-timesteps", 600_000, "--eval-episodes", 2)
-
-
-def test_sigterm_while_the_workers_start_ends_in_a_checkpoint(runner):
-    """SIGTERM the moment the workers are forked, while they set up: the handlers are installed before the fork
-    (and kept by the workers), so the job writes a checkpoint after one generation and exits 0, not 143."""
-    import signal
-
-    proc = runner.start("es", "--total-timesteps", 10**8, "--num-workers", 2)
-    assert wait_for(lambda: descendants(proc.pid), 60, interval=0.001)
-    os.kill(proc.pid, signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0 and "checkpoint" in out, out
-    assert (runner.run_dir(ENV, "es") / "checkpoint.pt").exists()
-
-
-def test_dead_worker_ends_job_quickly_without_orphans(runner):
-    proc = runner.start("es", "--total-timesteps", 10**8, "--num-workers", 2)
-    out = kill_one_worker(proc, "es.py", runner.run_dir(ENV, "es").exists)
-    assert "error: worker" in out
-
-
-def test_killed_parent_leaves_no_worker_behind(runner):
-    kill_parent(runner, "es", ENV, "--total-timesteps", 10**8)

@@ -12,8 +12,6 @@ from conftest import (
     assert_same_result,
     assert_solves,
     check_ok,
-    kill_one_worker,
-    kill_parent,
     load_algo,
     sigterm_and_resume,
 )
@@ -421,13 +419,3 @@ def test_resume_refuses_a_checkpoint_of_another_configuration(runner):
     check_ok(runner.run("fedpg", "--total-timesteps", 10_000, "--checkpoint-every", 1, "--eval-episodes", 1))
     proc = runner.run("fedpg", "--total-timesteps", 20_000, "--resume", "--aggregator", "median")
     assert proc.returncode != 0 and "--resume" in proc.stderr
-
-
-def test_dead_worker_ends_job_quickly_without_orphans(runner):
-    proc = runner.start("fedpg", "--total-timesteps", 10**8, "--num-workers", 2)
-    out = kill_one_worker(proc, "fedpg.py", (runner.run_dir(ENV, "fedpg")).exists)
-    assert "error: worker" in out
-
-
-def test_killed_parent_leaves_no_worker_behind(runner):
-    kill_parent(runner, "fedpg", ENV, "--total-timesteps", 10**8)

@@ -1,0 +1,83 @@
+"""A killed process never leaves the job running or anything behind (docs/conventions.md §8). A worker, actor or
+rank killed mid-run (SIGKILL) ends the whole job within 10 s, non-zero, naming it. The launcher killed (the
+`python algos/<file>.py` a user started, or torchrun's agent) takes every process of the job with it within 10 s
+and leaves nothing in /dev/shm: the actors and forked workers ask the kernel to kill them with their parent
+(PR_SET_PDEATHSIG), and so do ranks under torchrun, with their agent."""
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import algo_command, alive, child_env, descendants, kill_one_worker, session_members, wait_for
+
+ALGOS = ["a3c", "apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"]
+FOREVER = ["--env-id", "CartPole-v1", "--total-timesteps", 10**8]
+# How each file runs two workers besides its learner (DD-PPO: two ranks under torchrun), and the words its error
+# names the killed one by (the last one started is killed: worker 1 of two, actor 1 of two).
+WORKERS = {
+    "a3c": (["--num-workers", 2], "worker 1"),
+    "apex": (["--num-actors", 2], "actor 1"),
+    "r2d2": (["--num-actors", 2], "actor 1"),
+    "impala": (["--num-actors", 2], "actor 1"),
+    "seed": (["--num-actors", 2], "actor 1"),
+    "ddppo": (["--local-num-envs", 8], ""),
+    "es": (["--num-workers", 2], "error: worker"),
+    "ga": (["--num-workers", 2], "error: worker"),
+    "fedpg": (["--num-workers", 2], "error: worker"),
+}
+# the launcher a user starts: python for the files that run their own workers, torchrun (two ranks) for the
+# eight files that take it (A3C is one node by design and refuses it)
+LAUNCHES = [(name, 0) for name in ALGOS if name != "ddppo"] + [(name, 2) for name in ALGOS if name != "a3c"]
+
+
+def training(cwd: Path):
+    return lambda: list(cwd.glob("runs/*/events.*"))
+
+
+@pytest.mark.parametrize("name", ALGOS)
+def test_a_killed_worker_ends_the_job_naming_it(runner, name):
+    extra, named = WORKERS[name]
+    proc = runner.start(name, *FOREVER, *extra, nproc=2 if name == "ddppo" else 0)
+    out = kill_one_worker(proc, f"{name}.py", training(runner.cwd))
+    assert named in out, out
+
+
+@pytest.mark.parametrize(("name", "nproc"), LAUNCHES, ids=[f"{n}-{'torchrun' if p else 'python'}" for n, p in LAUNCHES])
+def test_a_killed_launcher_leaves_nothing_behind(runner, name, nproc):
+    extra = WORKERS[name][0] if not nproc else ["--local-num-envs", 8] if name == "ddppo" else []
+    shared_memory_before = set(os.listdir("/dev/shm"))
+    command = shlex.join(algo_command(name, [*FOREVER, *extra], nproc))
+    # Launched from a shell in the background of a session of its own, output to a file, as a batch script
+    # would: started from Python directly, the workers of files without a guard happened to die with it.
+    shell = subprocess.run(
+        ["bash", "-c", f"{command} > job.log 2>&1 < /dev/null & echo $!"],
+        cwd=runner.cwd,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+        start_new_session=True,
+    )
+    launcher = int(shell.stdout.split()[-1])
+    session = os.getsid(launcher)
+    job = []
+    try:
+        assert wait_for(training(runner.cwd), 60), (runner.cwd / "job.log").read_text()[-2000:]
+        time.sleep(1.0)
+        # torchrun starts each rank in a session of its own: the job is the launcher's descendants
+        job = descendants(launcher)
+        assert len(job) >= 2, "the job has no workers, actors or ranks"
+        os.kill(launcher, signal.SIGKILL)
+
+        def left():
+            return sorted(set(alive(job) + session_members(session)))
+
+        assert wait_for(lambda: not left(), 10), f"{left()} outlived the launcher by 10 s"
+        assert set(os.listdir("/dev/shm")) <= shared_memory_before
+    finally:
+        for pid in set(alive(job) + session_members(session)):
+            os.kill(pid, signal.SIGKILL)
