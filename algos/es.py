@@ -80,8 +80,10 @@ class Args:
 
 
 def fail(arg: str, message: str) -> None:
-    """Bad argument: one line naming it on stderr, exit code 2 (as argparse does)."""
-    print(f"{os.path.basename(sys.argv[0])}: error: --{arg.replace('_', '-')}: {message}", file=sys.stderr)
+    """Bad argument: one line naming it on stderr, exit code 2 (as argparse does). Every worker checks
+    the same arguments and checkpoint, so the first (rank 0) speaks for all."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"{os.path.basename(sys.argv[0])}: error: --{arg.replace('_', '-')}: {message}", file=sys.stderr)
     sys.exit(2)
 
 
@@ -746,6 +748,9 @@ def spawn_workers(args: Args, stop: dict) -> int:
             pass
     # it died, or raised (then the exception has its traceback)
     except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:
+        # exit 2: the workers refused an argument or the checkpoint, and rank 0 said why in one line
+        if getattr(e, "exit_code", None) == 2:
+            return 2
         print(
             f"{os.path.basename(sys.argv[0])}: error: worker {e.error_index} (pid {getattr(e, 'pid', '?')}): {e}; "
             "the other workers were stopped",
@@ -761,12 +766,15 @@ def main(args: Args, stop: Optional[dict] = None) -> int:
     # envpool's spaces warn about it
     warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
     validate(args)
-    if args.num_workers > 1:
-        return spawn_workers(args, stop)
-    setup_distributed(args)
     args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
     run_dir = os.path.join("runs", args.run_name)
     checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+    if args.num_workers > 1:
+        if args.resume and os.path.exists(checkpoint_path):
+            # a checkpoint no worker could use is refused here, in one line, before any worker starts
+            read_checkpoint(checkpoint_path, new_progress(args.episode_cap))
+        return spawn_workers(args, stop)
+    setup_distributed(args)
     torch.set_num_threads(args.torch_threads)
     args.env_threads = args.env_threads or available_cpus()
     spec = envpool.make_spec(args.env_id)

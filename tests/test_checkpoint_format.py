@@ -12,9 +12,6 @@ import torch
 from conftest import load_algo
 
 ALGOS = ["a3c", "apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"]
-# fedpg's clients read the checkpoint in their own processes: with several, the parent reports exit 1 naming the
-# worker that exited 2 (as for its other checkpoint checks); one client process keeps the file's own exit 2
-EXTRA = {"fedpg": ["--num-workers", 1]}
 # the arguments of new_progress where it takes one (its keys do not depend on the value)
 PROGRESS_ARGS = {"es": [0], "fedpg": ["another configuration"]}
 
@@ -30,7 +27,7 @@ def progress_of(name: str) -> dict:
     return {**progress, "recent_returns": list(progress["recent_returns"])}
 
 
-def refused(runner, name: str, content: bytes, tmp_name: str) -> str:
+def refused(runner, name: str, content: bytes, tmp_name: str, *extra) -> str:
     """Resume from a checkpoint holding `content`: exit 2 within 10 s, one line on stderr naming --resume, the
     file unchanged. Returns the line."""
     run_dir = runner.run_dir("CartPole-v1", tmp_name)
@@ -38,7 +35,7 @@ def refused(runner, name: str, content: bytes, tmp_name: str) -> str:
     checkpoint = run_dir / "checkpoint.pt"
     checkpoint.write_bytes(content)
     started = time.monotonic()
-    proc = runner.run(name, "--exp-name", tmp_name, "--resume", "--total-timesteps", 20000, *EXTRA.get(name, []))
+    proc = runner.run(name, "--exp-name", tmp_name, "--resume", "--total-timesteps", 20000, *extra)
     elapsed = time.monotonic() - started
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
@@ -57,10 +54,25 @@ def test_a_damaged_checkpoint_is_refused(runner, name):
 
 @pytest.mark.parametrize("name", [name for name in ALGOS if name != "ga"])  # the GA checkpoints no weights
 def test_a_checkpoint_of_another_network_is_refused(runner, name):
-    # every counter of this file's progress, with weights of another shape under each key the file loads
+    refused(runner, name, another_network(name), "shape")
+
+
+def another_network(name: str) -> bytes:
+    """Every counter of this file's progress, with weights of another shape under each key the file loads."""
     weights = torch.zeros(3) if name in ("es", "fedpg") else {"other_layer.weight": torch.zeros(3)}
     payload = {**progress_of(name), "model": weights, "target": weights, "optimizer": {}, "obstat": torch.zeros(3)}
-    refused(runner, name, saved(payload), "shape")
+    return saved(payload)
+
+
+@pytest.mark.parametrize(
+    ("name", "damage"), [("es", "bytes"), ("es", "shape"), ("fedpg", "bytes"), ("fedpg", "shape"), ("ga", "bytes")]
+)
+def test_forked_workers_refuse_a_bad_checkpoint_in_one_line(runner, name, damage):
+    """With two forked workers, one line still: the parent reads the checkpoint before it forks (a file no worker
+    could read), and a checkpoint that does not fit the network fails every worker alike, rank 0 says why, and
+    the parent exits 2 without a line of its own."""
+    content = random.Random(0).randbytes(4096) if damage == "bytes" else another_network(name)
+    refused(runner, name, content, damage, "--num-workers", 2)
 
 
 def read_in_process(name: str, content: bytes, tmp_path, capsys) -> str:

@@ -417,5 +417,6 @@ def test_sigterm_checkpoint_and_resume_equal_uninterrupted(runner):
 
 def test_resume_refuses_a_checkpoint_of_another_configuration(runner):
     check_ok(runner.run("fedpg", "--total-timesteps", 10_000, "--checkpoint-every", 1, "--eval-episodes", 1))
-    proc = runner.run("fedpg", "--total-timesteps", 20_000, "--resume", "--aggregator", "median")
-    assert proc.returncode != 0 and "--resume" in proc.stderr
+    proc = runner.run("fedpg", "--total-timesteps", 20_000, "--resume", "--aggregator", "median", "--num-workers", 2)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "--resume" in lines[0], proc.stderr
