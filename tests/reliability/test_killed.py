@@ -81,3 +81,35 @@ def test_a_killed_launcher_leaves_nothing_behind(runner, name, nproc):
     finally:
         for pid in set(alive(job) + session_members(session)):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_an_elastic_restart_resumes_from_the_checkpoint_and_finishes(runner):
+    """`torchrun --max-restarts=1` with `--resume`: a rank killed mid-run makes the agent restart every rank, which
+    resume from the last checkpoint and finish the budget. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the store
+    shared between rendezvous and process group (torch's default), the restarted ranks read the first attempt's
+    addresses and fail to connect (torch issue #135712; seen here with gloo)."""
+    budget = 40_000  # 156 updates of 2 ranks x 8 envs x 16 steps; a checkpoint every 5
+    command = algo_command(
+        "ddppo", ["--resume", "--checkpoint-every", 5, "--total-timesteps", budget, "--local-num-envs", 8], nproc=2
+    )
+    command.insert(command.index("torch.distributed.run") + 1, "--max-restarts=1")
+    env = dict(child_env(), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    proc = subprocess.Popen(
+        command, cwd=runner.cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        run_dir = runner.run_dir("CartPole-v1", "ddppo")
+        assert wait_for(lambda: (run_dir / "checkpoint.pt").exists(), 60), "no checkpoint"
+        ranks = [p for p in descendants(proc.pid) if "ddppo.py" in open(f"/proc/{p}/cmdline").read()]
+        os.kill(max(ranks), signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out[-3000:]
+        assert "failed (exitcode: -9)" in out, "no rank was lost: the budget ended first"
+        summary = runner.summary("CartPole-v1", "ddppo")
+        assert summary["global_step"] == 156 * 256 and summary["world_size"] == 2
+        # the restarted ranks began at a checkpoint, not at update 0: one update 1 line only
+        assert out.count("update 1/156") == 1, out[-3000:]
+    finally:
+        for pid in alive(descendants(proc.pid)):
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
