@@ -268,9 +268,9 @@ def throughput(entries: list, minutes: float, seed: int) -> None:
         THROUGHPUT.write_text(json.dumps(results, indent=1))
 
 
-def clip(video: Path, out: Path, start_s: float, seconds: float) -> int:
-    """`seconds` of `video` from `start_s`, every second frame, as a looping GIF at CLIP_FPS. Returns the frame
-    count."""
+def clip(video: Path, out: Path, start_s: float, seconds: float, shrink: int = 1) -> int:
+    """`seconds` of `video` from `start_s`, every second frame (and every `shrink`-th pixel), as a looping GIF at
+    CLIP_FPS. Returns the frame count."""
     import imageio.v2 as imageio_v2
     import imageio.v3 as imageio_v3
 
@@ -283,7 +283,7 @@ def clip(video: Path, out: Path, start_s: float, seconds: float) -> int:
             if index >= last:
                 break
             if index >= first and (index - first) % step == 0:
-                frames.append(frame)
+                frames.append(frame[::shrink, ::shrink])
     imageio_v3.imwrite(out, np.stack(frames), duration=1000 / CLIP_FPS, loop=0)
     return len(frames)
 

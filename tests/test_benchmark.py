@@ -235,6 +235,30 @@ def test_clip_keeps_every_second_frame_of_the_window(tmp_path):
     frames = imageio_v3.imread(out, index=None)
     columns = [int(frame[..., :3].sum(axis=(0, 2)).argmax()) for frame in frames]
     assert columns == list(range(30, 60, 2))
+    # every second pixel too (the CartPole clips): half the size, the column at x = i / 2
+    assert atari.clip(video, out, start_s=1.0, seconds=1.0, shrink=2) == 15
+    frames = imageio_v3.imread(out, index=None)
+    assert frames.shape[1:3] == (16, 48)
+    assert [int(frame[..., :3].sum(axis=(0, 2)).argmax()) for frame in frames] == list(range(15, 30))
+
+
+def test_memory_growth_is_the_slope_of_the_jobs_total_after_warm_up():
+    """Two processes whose PSS add up to 200 MiB + 3 MiB per minute once warm (and anything before): the summary
+    fits 3 MiB/min after the warm-up, and reports the peak of the total and of one process's RSS."""
+    import memory
+
+    mib = memory.MIB
+    samples = []
+    for t in range(0, 600, 2):
+        total = 50 * mib if t < 60 else 200 * mib + 3 * mib * t / 60
+        samples.append(
+            {"t": t, "rss": {"main": total * 0.8, "9": total * 0.5}, "pss": {"main": total / 2, "9": total / 2}}
+        )
+    summary = memory.summarize({"samples": samples}, warm_up=60)
+    assert summary["growth_after_warm_up_mib_per_min"] == pytest.approx(3.0)
+    assert summary["peak_total_pss_mib"] == pytest.approx(200 + 3 * 598 / 60, abs=0.05)
+    assert summary["peak_process_rss_mib"] == pytest.approx(0.8 * (200 + 3 * 598 / 60), abs=0.05)
+    assert summary["processes"] == 2
 
 
 def test_overview_panel_is_a_20_episode_mean_per_seed_or_the_logged_generation_means(tmp_path):
