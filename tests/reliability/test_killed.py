@@ -48,7 +48,11 @@ def test_a_killed_worker_ends_the_job_naming_it(runner, name):
 
 @pytest.mark.parametrize(("name", "nproc"), LAUNCHES, ids=[f"{n}-{'torchrun' if p else 'python'}" for n, p in LAUNCHES])
 def test_a_killed_launcher_leaves_nothing_behind(runner, name, nproc):
-    extra = WORKERS[name][0] if not nproc else ["--local-num-envs", 8] if name == "ddppo" else []
+    if nproc:
+        # two ranks, each with its defaults (DD-PPO's 8 envs a rank keep its batch small)
+        extra = ["--local-num-envs", 8] if name == "ddppo" else []
+    else:
+        extra = WORKERS[name][0]
     shared_memory_before = set(os.listdir("/dev/shm"))
     command = shlex.join(algo_command(name, [*FOREVER, *extra], nproc))
     # Launched from a shell in the background of a session of its own, output to a file, as a batch script
