@@ -90,8 +90,8 @@ def test_a_killed_launcher_leaves_nothing_behind(runner, name, nproc):
 def test_an_elastic_restart_resumes_from_the_checkpoint_and_finishes(runner):
     """`torchrun --max-restarts=1` with `--resume`: a rank killed mid-run makes the agent restart every rank, which
     resume from the last checkpoint and finish the budget. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the store
-    shared between rendezvous and process group (torch's default), the restarted ranks read the first attempt's
-    addresses and fail to connect (torch issue #135712; seen here with gloo)."""
+    shared between rendezvous and process group (torch's default), a restarted rank failed to connect to the gloo
+    address it read from the store (torch issue #135712 reports the same with NCCL)."""
     budget = 40_000  # 156 updates of 2 ranks x 8 envs x 16 steps; a checkpoint every 5
     command = algo_command(
         "ddppo", ["--resume", "--checkpoint-every", 5, "--total-timesteps", budget, "--local-num-envs", 8], nproc=2
