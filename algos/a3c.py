@@ -854,8 +854,7 @@ def default_num_workers() -> int:
 
 
 def main(args: Args) -> int:
-    # first of all: a signal during start-up ends in a checkpoint, not in exit 143 (forked workers and actors
-    # keep the handlers until they ignore the signals themselves)
+    # first of all: a signal during start-up ends in a checkpoint (forked processes keep the handlers)
     stop = install_stop_handlers()
     # envpool's spaces warn about it
     warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")

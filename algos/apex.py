@@ -1304,8 +1304,7 @@ def finish_distributed(args: Args, exit_code: int, bridges: list) -> None:
 
 
 def main(args: Args) -> int:
-    # first of all: a signal during start-up ends in a checkpoint, not in exit 143 (forked workers and actors
-    # keep the handlers until they ignore the signals themselves)
+    # first of all: a signal during start-up ends in a checkpoint (forked processes keep the handlers)
     stop = install_stop_handlers()
     # envpool's spaces warn that they cast their float64 bounds to float32
     warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")

@@ -1478,8 +1478,7 @@ def finish_distributed(args: Args, exit_code: int, bridges: list) -> None:
 
 
 def main(args: Args) -> int:
-    # first of all: a signal during start-up ends in a checkpoint, not in exit 143 (forked workers and actors
-    # keep the handlers until they ignore the signals themselves)
+    # first of all: a signal during start-up ends in a checkpoint (forked processes keep the handlers)
     stop = install_stop_handlers()
     # envpool's spaces warn that they cast their float64 bounds to float32
     warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
@@ -1520,8 +1519,7 @@ def main(args: Args) -> int:
     # episodes of these envs count for the threshold
     counted_epsilon = max(args.threshold_epsilon, epsilon.min().item())
 
-    # Shared memory and actors first (fork before the learner computes anything),
-    # then the replay and logging.
+    # Shared memory and actors first (fork before the learner computes anything), then the replay and logging.
     buffers = block_buffers(args, spec, args.num_buffers)
     store = ParameterStore(num_params)
     store.publish(flat_params(q_net), 0)

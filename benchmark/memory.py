@@ -23,22 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from conftest import session_members  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS = ["a3c", "apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"]
 MIB = 2**20
-
-
-def session_processes(session: int) -> list:
-    """(pid, parent pid) of the living processes of a session, from /proc."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[3]) == session and fields[0] != "Z":
-            found.append((int(entry.name), int(fields[1])))
-    return found
 
 
 def memory_of(pid: int) -> tuple:
@@ -68,9 +58,9 @@ def measure(name: str, seconds: float, interval: float, workdir: Path) -> dict:
     started = time.monotonic()
     samples = []
     while time.monotonic() - started < seconds and proc.poll() is None:
-        processes = session_processes(proc.pid)
+        processes = session_members(proc.pid)
         sample = {"t": round(time.monotonic() - started, 2), "rss": {}, "pss": {}}
-        for pid, _ in processes:
+        for pid in processes:
             memory = memory_of(pid)
             if memory is not None:
                 # the launcher is "main"; every other process is named by its pid
