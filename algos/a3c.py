@@ -19,7 +19,7 @@ import sys
 import time
 import warnings
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Literal, Optional
 
 import envpool
@@ -620,7 +620,7 @@ def process_start_time() -> float:
     return time.time() - uptime_s + start_ticks / os.sysconf("SC_CLK_TCK")
 
 
-def new_progress() -> dict:
+def new_progress(config: dict) -> dict:
     """Everything a resumed run continues from; every time in it is a whole-run figure (docs/conventions.md §1a).
     The file adds `segment`: the run segment (0, then one more per resume), which seeds the workers' envs."""
     return {
@@ -632,6 +632,7 @@ def new_progress() -> dict:
         "time_to_threshold_s": None,
         "threshold_step": None,
         "recent_returns": deque(maxlen=20),
+        "config": config,
         "segment": 0,
     }
 
@@ -710,7 +711,7 @@ def save_checkpoint(path: str, payload: dict) -> None:
 def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     """The dict that save_checkpoint wrote, or exit 2 with one line saying what is wrong with the file,
     which is left as it is: unreadable (truncated, empty, random bytes), of the old format, written by
-    another file, or without this file's counters."""
+    another file, without this file's counters, or of a run with other flags (run_config)."""
     # a damaged file raises one of many types (from zipfile, pickle or torch), all of them meaning the same here
     try:
         checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
@@ -730,6 +731,14 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
             "resume",
             f"{checkpoint_path} lacks {', '.join(missing)}: not a checkpoint of a3c.py; use another --exp-name",
         )
+    # checkpoints written before configurations were recorded are taken as this run's
+    recorded = checkpoint.setdefault("config", progress["config"])
+    changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag) != value}
+    if changed:
+        was = ", ".join(
+            f"--{flag.replace('_', '-')} {recorded.get(flag)} (now {value})" for flag, value in changed.items()
+        )
+        fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its flags or use another --exp-name")
     return checkpoint
 
 
@@ -748,10 +757,34 @@ def write_checkpoint(path: str, progress: dict, agent: Agent, optimizer, counter
     save_checkpoint(path, {**progress, "model": agent.state_dict(), "optimizer": optimizer.state_dict()})
 
 
+def run_config(args: Args) -> dict:
+    """The flags that define the run, which a resumed run must share with its checkpoint: all but those
+    that say how long it goes, how its work is spread over processes and threads, how long it waits
+    for them, and what it logs or saves. Values derived from the flags (init=False) follow from them."""
+    may_change = {
+        "exp_name",
+        "torch_deterministic",
+        "cuda",
+        "track",
+        "wandb_project_name",
+        "wandb_entity",
+        "capture_video",
+        "save_model",
+        "total_timesteps",
+        "eval_episodes",
+        "torch_threads",
+        "num_workers",
+        "checkpoint_every",
+        "resume",
+        "worker_timeout",
+    }
+    return {flag.name: getattr(args, flag.name) for flag in fields(args) if flag.init and flag.name not in may_change}
+
+
 def restore(args, model, optimizer, device, checkpoint_path: str) -> dict:
     """A fresh progress dict, or with --resume and a checkpoint, the checkpoint's, with the model and the optimizer
     loaded in place (before share_memory); a resumed run is the next run segment."""
-    progress = new_progress()
+    progress = new_progress(run_config(args))
     if not (args.resume and os.path.exists(checkpoint_path)):
         return progress
     checkpoint = read_checkpoint(checkpoint_path, progress)

@@ -25,7 +25,7 @@ import threading
 import time
 import warnings
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
 from typing import Literal, Optional
 
@@ -960,7 +960,7 @@ def process_start_time() -> float:
     return time.time() - uptime_s + start_ticks / os.sysconf("SC_CLK_TCK")
 
 
-def new_progress() -> dict:
+def new_progress(config: dict) -> dict:
     """Everything a resumed run continues from; every time in it is a whole-run figure
     (docs/conventions.md §1a). The file adds `segment`: the run segment (0, then one more per
     resume), which seeds the actors' envs."""
@@ -973,6 +973,7 @@ def new_progress() -> dict:
         "time_to_threshold_s": None,
         "threshold_step": None,
         "recent_returns": deque(maxlen=20),
+        "config": config,
         "segment": 0,
     }
 
@@ -1081,7 +1082,7 @@ def save_checkpoint(path: str, payload: dict) -> None:
 def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     """The dict that save_checkpoint wrote, or exit 2 with one line saying what is wrong with the file,
     which is left as it is: unreadable (truncated, empty, random bytes), of the old format, written by
-    another file, or without this file's counters."""
+    another file, without this file's counters, or of a run with other flags (run_config)."""
     # a damaged file raises one of many types (from zipfile, pickle or torch), all of them meaning the same here
     try:
         checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
@@ -1101,6 +1102,14 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
             "resume",
             f"{checkpoint_path} lacks {', '.join(missing)}: not a checkpoint of apex.py; use another --exp-name",
         )
+    # checkpoints written before configurations were recorded are taken as this run's
+    recorded = checkpoint.setdefault("config", progress["config"])
+    changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag) != value}
+    if changed:
+        was = ", ".join(
+            f"--{flag.replace('_', '-')} {recorded.get(flag)} (now {value})" for flag, value in changed.items()
+        )
+        fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its flags or use another --exp-name")
     return checkpoint
 
 
@@ -1112,11 +1121,39 @@ def refuse_checkpoint(checkpoint_path: str, error: Exception) -> None:
     )
 
 
+def run_config(args: Args) -> dict:
+    """The flags that define the run, which a resumed run must share with its checkpoint: all but those
+    that say how long it goes, how its work is spread over processes and threads, how long it waits
+    for them, and what it logs or saves. Values derived from the flags (init=False) follow from them."""
+    may_change = {
+        "exp_name",
+        "torch_deterministic",
+        "cuda",
+        "track",
+        "wandb_project_name",
+        "wandb_entity",
+        "capture_video",
+        "save_model",
+        "total_timesteps",
+        "eval_episodes",
+        "torch_threads",
+        "env_threads",
+        "num_actors",
+        "num_buffers",
+        "deterministic",
+        "checkpoint_every",
+        "resume",
+        "collective_timeout",
+        "actor_timeout",
+    }
+    return {flag.name: getattr(args, flag.name) for flag in fields(args) if flag.init and flag.name not in may_change}
+
+
 def restore(args, model, optimizer, device, checkpoint_path: str, target_net) -> dict:
     """A fresh progress dict, or with --resume and a checkpoint, the checkpoint's, with the model,
     the target network and the optimizer loaded in place; a resumed run is the next run segment.
     (Rank 0 only: the other ranks are actors, which take their parameters from the learner.)"""
-    progress = new_progress()
+    progress = new_progress(run_config(args))
     if not (args.resume and os.path.exists(checkpoint_path)):
         target_net.load_state_dict(model.state_dict())
         return progress

@@ -25,7 +25,7 @@ import sys
 import time
 import warnings
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
 from typing import Literal, Optional, Tuple
 
@@ -614,13 +614,13 @@ def process_start_time() -> float:
     return time.time() - uptime_s + start_ticks / os.sysconf("SC_CLK_TCK")
 
 
-def new_progress(config: str) -> dict:
+def new_progress(config: dict) -> dict:
     """Everything a resumed run continues from; every time in it is a whole-run figure
     (docs/conventions.md §1a). `update` counts rounds. Clients send no single episode returns, so
     `recent_returns` holds each round's honest episodes as [count, return sum]. Federated PG adds
     the server's trajectories so far (they seed its envs), when the thresholds were reached in
-    trajectories per client, the summed fractions of Byzantine and honest clients the filter kept,
-    and `config`, what must not change across a resume."""
+    trajectories per client and the summed fractions of Byzantine and honest clients the filter
+    kept."""
     return {
         "update": 0,
         "global_step": 0,
@@ -630,12 +630,12 @@ def new_progress(config: str) -> dict:
         "time_to_threshold_s": None,
         "threshold_step": None,
         "recent_returns": deque(maxlen=20),
+        "config": config,
         "server_trajectories": 0,
         "threshold_trajectories": None,
         "eval_threshold_trajectories": None,
         "kept_byzantine": 0.0,
         "kept_honest": 0.0,
-        "config": config,
     }
 
 
@@ -759,7 +759,7 @@ def save_checkpoint(path: str, payload: dict) -> None:
 def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     """The dict that save_checkpoint wrote, or exit 2 with one line saying what is wrong with the file,
     which is left as it is: unreadable (truncated, empty, random bytes), of the old format, written by
-    another file, or without this file's counters."""
+    another file, without this file's counters, or of a run with other flags (run_config)."""
     # a damaged file raises one of many types (from zipfile, pickle or torch), all of them meaning the same here
     try:
         checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
@@ -779,6 +779,17 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
             "resume",
             f"{checkpoint_path} lacks {', '.join(missing)}: not a checkpoint of fedpg.py; use another --exp-name",
         )
+    # checkpoints written before configurations were recorded are taken as this run's
+    recorded = checkpoint.setdefault("config", progress["config"])
+    # federated PG's earlier checkpoints recorded eleven of the flags in a string
+    if not isinstance(recorded, dict):
+        fail("resume", f"{checkpoint_path} records its flags in an earlier format; use another --exp-name")
+    changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag) != value}
+    if changed:
+        was = ", ".join(
+            f"--{flag.replace('_', '-')} {recorded.get(flag)} (now {value})" for flag, value in changed.items()
+        )
+        fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its flags or use another --exp-name")
     return checkpoint
 
 
@@ -790,21 +801,37 @@ def refuse_checkpoint(checkpoint_path: str, error: Exception) -> None:
     )
 
 
-def run_config(args: Args) -> str:
-    """What a resumed run must share with its checkpoint (trajectories and random draws follow from
-    it)."""
-    return (
-        f"{args.env_id} {args.aggregator} K={args.num_clients} M={args.num_byzantine} {args.attack} B={args.B} "
-        f"b={args.b} E={args.local_updates} h={args.heterogeneity} seed={args.seed} hidden={args.hidden_sizes}"
-    )
+def run_config(args: Args) -> dict:
+    """The flags that define the run, which a resumed run must share with its checkpoint: all but those
+    that say how long it goes, how its work is spread over processes and threads, how long it waits
+    for them, and what it logs or saves. Values derived from the flags (init=False) follow from them."""
+    may_change = {
+        "exp_name",
+        "torch_deterministic",
+        "cuda",
+        "track",
+        "wandb_project_name",
+        "wandb_entity",
+        "capture_video",
+        "save_model",
+        "total_timesteps",
+        "eval_episodes",
+        "eval_every",
+        "env_threads",
+        "num_workers",
+        "checkpoint_every",
+        "resume",
+        "collective_timeout",
+    }
+    return {flag.name: getattr(args, flag.name) for flag in fields(args) if flag.init and flag.name not in may_change}
 
 
-def restore(args: Args, theta: torch.Tensor, config: str, checkpoint_path: str) -> dict:
-    """A fresh progress dict, or with --resume and a checkpoint of this configuration, the
-    checkpoint's, with theta loaded in place. Rank 0 reads the checkpoint and sends it to the other
-    ranks: nodes need no shared filesystem. Trajectories and random draws follow from (seed, round),
-    so nothing else is needed; there is no optimizer state (plain gradient ascent)."""
-    progress = new_progress(config)
+def restore(args: Args, theta: torch.Tensor, checkpoint_path: str) -> dict:
+    """A fresh progress dict, or with --resume and a checkpoint, the checkpoint's, with theta loaded
+    in place. Rank 0 reads the checkpoint and sends it to the other ranks: nodes need no shared
+    filesystem. Trajectories and random draws follow from (seed, round), so nothing else is needed;
+    there is no optimizer state (plain gradient ascent)."""
+    progress = new_progress(run_config(args))
     shared = [None]
     if args.resume and args.rank == 0 and os.path.exists(checkpoint_path):
         shared = [read_checkpoint(checkpoint_path, progress)]
@@ -813,8 +840,6 @@ def restore(args: Args, theta: torch.Tensor, config: str, checkpoint_path: str) 
     checkpoint = shared[0]
     if checkpoint is None:
         return progress
-    if checkpoint["config"] != config:
-        fail("resume", f"the checkpoint is of another run ({checkpoint['config']}), not {config}")
     try:
         theta.copy_(checkpoint.pop("model"))
     except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as error:
@@ -1034,6 +1059,8 @@ def main(args: Args, stop: Optional[dict] = None) -> int:
     validate(args)
     if "WORLD_SIZE" not in os.environ:
         args.num_workers = args.num_workers or min(args.num_clients, available_cpus())
+    # the aggregator's step size, before the parent reads a checkpoint: it is part of the run's configuration
+    args.learning_rate = args.learning_rate or (2.0 if args.aggregator == "fedpg-br" else 8.0)
     args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
     run_dir = os.path.join("runs", args.run_name)
     checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
@@ -1043,7 +1070,6 @@ def main(args: Args, stop: Optional[dict] = None) -> int:
             read_checkpoint(checkpoint_path, new_progress(run_config(args)))
         return spawn_workers(args, stop)
     setup_distributed(args)
-    args.learning_rate = args.learning_rate or (2.0 if args.aggregator == "fedpg-br" else 8.0)
     seed_everything(args)
     spec = envpool.make_spec(args.env_id)
     threshold = spec.reward_threshold
@@ -1052,7 +1078,7 @@ def main(args: Args, stop: Optional[dict] = None) -> int:
     theta = policy.init_params()
     byzantine = byzantine_clients(args.seed, args.num_clients, args.num_byzantine)
     honest = torch.tensor([client not in byzantine for client in range(args.num_clients)])
-    progress = restore(args, theta, run_config(args), checkpoint_path)
+    progress = restore(args, theta, checkpoint_path)
     writer = None
     if args.rank == 0:
         writer = open_writer(args, run_dir, progress)

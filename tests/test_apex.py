@@ -218,7 +218,7 @@ def test_learner_samples_with_the_papers_constant_beta(fraction):
     q_net, target_net = apex.QNetwork((4,), 2), apex.QNetwork((4,), 2)
     flat = apex.flatten_parameters(q_net)
     optimizer = torch.optim.Adam([flat], lr=1e-3)
-    progress = apex.new_progress()
+    progress = apex.new_progress(apex.run_config(args))
     progress["global_step"] = int(fraction * args.total_timesteps)
     apex.learner_step(
         args, q_net, target_net, optimizer, flat, replay, np.random.default_rng(0), progress, apex.new_stats(progress)

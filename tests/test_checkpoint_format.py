@@ -1,7 +1,8 @@
 """Every file refuses a checkpoint it cannot resume from with exit 2 and one line naming --resume, and leaves the
 file as it was (docs/conventions.md §1a): a checkpoint written before the progress format, one that torch.load
 cannot read (empty, random bytes, truncated), one that holds no dict, one written by another file, one without
-this file's counters, and one whose weights do not fit this run's network."""
+this file's counters, one of a run with other flags (its recorded run_config), and one whose weights do not fit
+this run's network."""
 
 import io
 import random
@@ -12,8 +13,8 @@ import torch
 from conftest import load_algo
 
 ALGOS = ["a3c", "apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"]
-# the arguments of new_progress where it takes one (its keys do not depend on the value)
-PROGRESS_ARGS = {"es": [0], "fedpg": ["another configuration"]}
+# the arguments of new_progress after the configuration, where it takes one (its keys do not depend on the value)
+PROGRESS_ARGS = {"es": [0]}
 
 
 def saved(payload) -> bytes:
@@ -23,7 +24,9 @@ def saved(payload) -> bytes:
 
 
 def progress_of(name: str) -> dict:
-    progress = load_algo(name).new_progress(*PROGRESS_ARGS.get(name, []))
+    """A fresh progress dict of `name` with the configuration of its default flags."""
+    module = load_algo(name)
+    progress = module.new_progress(module.run_config(module.Args()), *PROGRESS_ARGS.get(name, []))
     return {**progress, "recent_returns": list(progress["recent_returns"])}
 
 
@@ -58,9 +61,12 @@ def test_a_checkpoint_of_another_network_is_refused(runner, name):
 
 
 def another_network(name: str) -> bytes:
-    """Every counter of this file's progress, with weights of another shape under each key the file loads."""
+    """Every counter of this file's progress, with weights of another shape under each key the file loads, and
+    no configuration (as written before configurations were recorded: taken as the run's), so that the weights
+    are what is refused."""
     weights = torch.zeros(3) if name in ("es", "fedpg") else {"other_layer.weight": torch.zeros(3)}
     payload = {**progress_of(name), "model": weights, "target": weights, "optimizer": {}, "obstat": torch.zeros(3)}
+    del payload["config"]
     return saved(payload)
 
 
@@ -91,6 +97,7 @@ def read_in_process(name: str, content: bytes, tmp_path, capsys) -> str:
 @pytest.mark.parametrize("name", ALGOS)
 def test_read_checkpoint_names_what_is_wrong(name, tmp_path, capsys):
     good = saved({**progress_of(name), "model": torch.zeros(3)})
+    config = progress_of(name)["config"]
     cases = {
         # the old files kept their counters at the top level under other names ("generation", "updates", ...)
         "old format": (saved({"global_step": 1000, "generation": 3, "wall_time_s": 5.0}), "progress format"),
@@ -99,6 +106,7 @@ def test_read_checkpoint_names_what_is_wrong(name, tmp_path, capsys):
         "not a dict": (saved([1, 2, 3]), "holds a list"),
         "another file": (saved({**progress_of(name), "algo": "other"}), "written by other.py"),
         "no counters": (saved({"update": 3}), "lacks"),
+        "other flags": (saved({**progress_of(name), "config": {**config, "seed": 7}}), "with --seed 7 (now 1)"),
     }
     for case, (content, expected) in cases.items():
         line = read_in_process(name, content, tmp_path, capsys)
@@ -113,3 +121,10 @@ def test_save_checkpoint_writes_what_read_checkpoint_takes(name, tmp_path):
     checkpoint = module.read_checkpoint(path, progress_of(name))
     assert "algo" not in checkpoint and torch.equal(checkpoint["model"], torch.ones(2))
     assert torch.load(path, weights_only=True)["algo"] == name
+
+
+def test_federated_pgs_earlier_string_configuration_is_refused(tmp_path, capsys):
+    """Federated PG recorded eleven of its flags in a string before every file recorded its run_config."""
+    earlier = "CartPole-v1 fedavg K=10 M=0 none B=16 b=4 E=4 h=0.0 seed=1 hidden=(16, 16)"
+    line = read_in_process("fedpg", saved({**progress_of("fedpg"), "config": earlier}), tmp_path, capsys)
+    assert "earlier format" in line

@@ -366,7 +366,11 @@ def test_statistics_survive_a_checkpoint_and_normalize_observations(tmp_path):
     agent = normalized_agent(clip_obs=3.0)
     run_normalizers(agent, [fake_rollout(6, 4, s) for s in range(2)], ddppo.Args(), 1)
     optimizer = ddppo.make_optimizer(ddppo.Args(), ddppo.flatten_parameters(agent))
-    checkpoint = {**ddppo.new_progress(), "model": agent.state_dict(), "optimizer": optimizer.state_dict()}
+    checkpoint = {
+        **ddppo.new_progress(ddppo.run_config(ddppo.Args())),
+        "model": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+    }
     ddppo.save_checkpoint(str(tmp_path / "c.pt"), checkpoint)
     restored = normalized_agent(clip_obs=3.0)
     restored.load_state_dict(torch.load(tmp_path / "c.pt", weights_only=True)["model"])

@@ -169,7 +169,11 @@ def test_ddppo_checkpoint_loads_onto_the_device(tmp_path):
     cpu_agent = ddppo.Agent((4,), ddppo.gym.spaces.Box(-1, 1, (2,)), True, True)  # a checkpoint of a CPU run
     cpu_optimizer = ddppo.make_optimizer(ddppo.Args(), ddppo.flatten_parameters(cpu_agent))
     cpu_optimizer.step()  # Adam's state exists from the first step
-    checkpoint = {**ddppo.new_progress(), "model": cpu_agent.state_dict(), "optimizer": cpu_optimizer.state_dict()}
+    checkpoint = {
+        **ddppo.new_progress(ddppo.run_config(ddppo.Args())),
+        "model": cpu_agent.state_dict(),
+        "optimizer": cpu_optimizer.state_dict(),
+    }
     ddppo.save_checkpoint(str(tmp_path / "c.pt"), checkpoint)
     agent, _ = ddppo_agent(True, True)
     with OnDevice():  # as main: parameters flattened on the device, then restore() loads the CPU checkpoint
@@ -224,7 +228,7 @@ def replay_learner_step(module, args, q_net, target_net, replay, *extra) -> None
     vector, priority update, target copy), all on the device."""
     flat = module.flatten_parameters(q_net)
     optimizer = torch.optim.Adam([flat], lr=1e-3, eps=1e-5)
-    progress = module.new_progress()
+    progress = module.new_progress(module.run_config(args))
     stats = module.new_stats(progress)
     module.learner_step(
         args, q_net, target_net, optimizer, flat, replay, np.random.default_rng(0), progress, stats, *extra

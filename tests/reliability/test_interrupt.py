@@ -1,10 +1,12 @@
 """Ctrl-C (SIGINT to the whole foreground process group, as a terminal sends it) stops every file cleanly: a
 checkpoint at the end of the current update, exit 0 within 10 s, no process left behind, nothing left in /dev/shm
-(docs/conventions.md §8). So does a signal during start-up, once the run has done its first update."""
+(docs/conventions.md §8). So does a signal during start-up, once the run has done its first update. The checkpoint
+a Ctrl-C wrote is then refused by a resume that changes a flag defining the run."""
 
 import contextlib
 import os
 import signal
+import time
 
 import pytest
 from conftest import descendants, session_members, signal_once_training, wait_for
@@ -12,6 +14,9 @@ from conftest import descendants, session_members, signal_once_training, wait_fo
 ALGOS = ["a3c", "apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"]
 # the files that fork workers, with two of them (the others run actors or ranks by default)
 EXTRA = {"es": ["--num-workers", 2], "ga": ["--num-workers", 2], "fedpg": ["--num-workers", 2]}
+# a flag that defines the run (its run_config), with a value other than the default, where a file has no
+# --learning-rate
+OTHER_FLAG = {"ga": ["--sigma", 0.5]}
 
 
 @contextlib.contextmanager
@@ -43,6 +48,23 @@ def test_ctrl_c_checkpoints_and_exits_0(runner, name):
         out, seconds, _ = signal_once_training(runner, proc, lambda: os.killpg(proc.pid, signal.SIGINT), 30)
         assert seconds < 10, f"took {seconds:.1f} s to stop"
         assert_stopped_cleanly(runner, proc, out, shared_memory_before)
+    assert_resume_refuses_other_flags(runner, name)
+
+
+def assert_resume_refuses_other_flags(runner, name: str) -> None:
+    """The stopped run resumed with another value of a flag that defines it: exit 2 within 10 s, one line naming
+    the flag with the checkpoint's value, the checkpoint untouched."""
+    checkpoint = next(runner.cwd.glob("runs/*/checkpoint.pt"))
+    content = checkpoint.read_bytes()
+    flag, value = OTHER_FLAG.get(name, ["--learning-rate", 0.5])
+    started = time.monotonic()
+    proc = runner.run(name, "--env-id", "CartPole-v1", "--resume", flag, value, *EXTRA.get(name, []))
+    seconds = time.monotonic() - started
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert f"is of a run with {flag} " in lines[0] and f"(now {value})" in lines[0], lines[0]
+    assert seconds < 10, f"took {seconds:.1f} s"
+    assert checkpoint.read_bytes() == content
 
 
 # the moment start-up is under way: the first forked worker or actor exists (DD-PPO forks none: its run folder,
