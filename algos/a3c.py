@@ -731,14 +731,12 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
             "resume",
             f"{checkpoint_path} lacks {', '.join(missing)}: not a checkpoint of a3c.py; use another --exp-name",
         )
-    # checkpoints written before configurations were recorded are taken as this run's
+    # checkpoints written before configurations were recorded, and flags added since, are taken as this run's
     recorded = checkpoint.setdefault("config", progress["config"])
-    changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag) != value}
+    changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag, value) != value}
     if changed:
-        was = ", ".join(
-            f"--{flag.replace('_', '-')} {recorded.get(flag)} (now {value})" for flag, value in changed.items()
-        )
-        fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its flags or use another --exp-name")
+        was = ", ".join(f"{flag}={recorded[flag]} (now {value})" for flag, value in changed.items())
+        fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
     return checkpoint
 
 

@@ -732,14 +732,12 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
             "resume",
             f"{checkpoint_path} lacks {', '.join(missing)}: not a checkpoint of ddppo.py; use another --exp-name",
         )
-    # checkpoints written before configurations were recorded are taken as this run's
+    # checkpoints written before configurations were recorded, and flags added since, are taken as this run's
     recorded = checkpoint.setdefault("config", progress["config"])
-    changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag) != value}
+    changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag, value) != value}
     if changed:
-        was = ", ".join(
-            f"--{flag.replace('_', '-')} {recorded.get(flag)} (now {value})" for flag, value in changed.items()
-        )
-        fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its flags or use another --exp-name")
+        was = ", ".join(f"{flag}={recorded[flag]} (now {value})" for flag, value in changed.items())
+        fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
     return checkpoint
 
 
@@ -772,7 +770,11 @@ def run_config(args: Args) -> dict:
         "resume",
         "collective_timeout",
     }
-    return {flag.name: getattr(args, flag.name) for flag in fields(args) if flag.init and flag.name not in may_change}
+    config = {flag.name: getattr(args, flag.name) for flag in fields(args) if flag.init and flag.name not in may_change}
+    # torchrun's process count is no flag, but it defines the run: the ranks' batches make one update's, and the
+    # number of updates follows from it
+    config["world_size"] = args.world_size
+    return config
 
 
 def restore(args: Args, model, optimizer, device, checkpoint_path: str) -> dict:

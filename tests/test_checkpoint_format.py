@@ -106,7 +106,7 @@ def test_read_checkpoint_names_what_is_wrong(name, tmp_path, capsys):
         "not a dict": (saved([1, 2, 3]), "holds a list"),
         "another file": (saved({**progress_of(name), "algo": "other"}), "written by other.py"),
         "no counters": (saved({"update": 3}), "lacks"),
-        "other flags": (saved({**progress_of(name), "config": {**config, "seed": 7}}), "with --seed 7 (now 1)"),
+        "other flags": (saved({**progress_of(name), "config": {**config, "seed": 7}}), "with seed=7 (now 1)"),
     }
     for case, (content, expected) in cases.items():
         line = read_in_process(name, content, tmp_path, capsys)
@@ -128,3 +128,13 @@ def test_federated_pgs_earlier_string_configuration_is_refused(tmp_path, capsys)
     earlier = "CartPole-v1 fedavg K=10 M=0 none B=16 b=4 E=4 h=0.0 seed=1 hidden=(16, 16)"
     line = read_in_process("fedpg", saved({**progress_of("fedpg"), "config": earlier}), tmp_path, capsys)
     assert "earlier format" in line
+
+
+@pytest.mark.parametrize("name", ["ddppo", "impala"])
+def test_a_checkpoint_of_another_world_size_is_refused(name, tmp_path, capsys):
+    """DD-PPO's and IMPALA's ranks are learners whose batches make one update's: the world size (torchrun's
+    process count, no flag) is part of their configuration."""
+    progress = progress_of(name)
+    assert progress["config"]["world_size"] == 1
+    content = saved({**progress, "config": {**progress["config"], "world_size": 2}})
+    assert "world_size=2 (now 1)" in read_in_process(name, content, tmp_path, capsys)

@@ -1,15 +1,18 @@
 """Ctrl-C (SIGINT to the whole foreground process group, as a terminal sends it) stops every file cleanly: a
 checkpoint at the end of the current update, exit 0 within 10 s, no process left behind, nothing left in /dev/shm
 (docs/conventions.md §8). So does a signal during start-up, once the run has done its first update. The checkpoint
-a Ctrl-C wrote is then refused by a resume that changes a flag defining the run."""
+a Ctrl-C wrote is then refused by a resume that changes a flag defining the run, and taken by one that changes only
+how the work is spread and how long the run goes, which restores its weights exactly."""
 
 import contextlib
+import json
 import os
 import signal
 import time
 
 import pytest
-from conftest import descendants, session_members, signal_once_training, wait_for
+import torch
+from conftest import descendants, load_algo, session_members, signal_once_training, wait_for
 
 ALGOS = ["a3c", "apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"]
 # the files that fork workers, with two of them (the others run actors or ranks by default)
@@ -17,6 +20,14 @@ EXTRA = {"es": ["--num-workers", 2], "ga": ["--num-workers", 2], "fedpg": ["--nu
 # a flag that defines the run (its run_config), with a value other than the default, where a file has no
 # --learning-rate
 OTHER_FLAG = {"ga": ["--sigma", 0.5]}
+# flags a resume may change (left out of run_config): how many processes and threads share the work, timeouts
+SPREAD = {
+    "a3c": ["--num-workers", 1],
+    "ddppo": ["--env-threads", 2, "--collective-timeout", 60],
+    "es": ["--num-workers", 1],
+    "fedpg": ["--num-workers", 1],
+    "ga": ["--num-workers", 1],
+}
 
 
 @contextlib.contextmanager
@@ -53,18 +64,42 @@ def test_ctrl_c_checkpoints_and_exits_0(runner, name):
 
 def assert_resume_refuses_other_flags(runner, name: str) -> None:
     """The stopped run resumed with another value of a flag that defines it: exit 2 within 10 s, one line naming
-    the flag with the checkpoint's value, the checkpoint untouched."""
+    the setting with the checkpoint's value and this run's, the checkpoint untouched."""
     checkpoint = next(runner.cwd.glob("runs/*/checkpoint.pt"))
     content = checkpoint.read_bytes()
     flag, value = OTHER_FLAG.get(name, ["--learning-rate", 0.5])
+    setting = flag[2:].replace("-", "_")
+    saved = torch.load(checkpoint, weights_only=True)
+    recorded = saved["config"][setting]
     started = time.monotonic()
     proc = runner.run(name, "--env-id", "CartPole-v1", "--resume", flag, value, *EXTRA.get(name, []))
     seconds = time.monotonic() - started
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
-    assert f"is of a run with {flag} " in lines[0] and f"(now {value})" in lines[0], lines[0]
+    assert f"is of a run with {setting}={recorded} (now {value})" in lines[0], lines[0]
     assert seconds < 10, f"took {seconds:.1f} s"
     assert checkpoint.read_bytes() == content
+    # with other process and thread counts, timeouts and a budget already spent, it resumes and only evaluates:
+    # its counters and final weights are the checkpoint's, bit for bit
+    spread = SPREAD.get(name, ["--env-threads", 2, "--actor-timeout", 30])
+    only_evaluate = ["--total-timesteps", 1, "--eval-episodes", 1, "--save-model"]
+    proc = runner.run(name, "--env-id", "CartPole-v1", "--resume", *only_evaluate, *spread)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((checkpoint.parent / "summary.json").read_text())["global_step"] == saved["global_step"]
+    assert_weights_are_the_checkpoints(name, torch.load(checkpoint.parent / "model.pt", weights_only=True), saved)
+
+
+def assert_weights_are_the_checkpoints(name: str, model: dict, saved: dict) -> None:
+    """model.pt of a resumed run that trained no further holds the checkpoint's weights exactly (the GA: the elite's
+    seed list, its whole genome)."""
+    if name == "ga":
+        assert model["seeds"] == saved["elite"]
+    elif name in ("es", "fedpg"):
+        assert torch.equal(model["theta"], saved["model"])
+        assert name == "fedpg" or torch.equal(model["obstat"], saved["obstat"])
+    else:
+        assert model.keys() == saved["model"].keys()
+        assert all(torch.equal(model[key], value) for key, value in saved["model"].items())
 
 
 # the moment start-up is under way: the first forked worker or actor exists (DD-PPO forks none: its run folder,
@@ -93,3 +128,46 @@ def test_a_signal_during_start_up_ends_in_a_checkpoint(runner, name, how):
             os.kill(proc.pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
         assert_stopped_cleanly(runner, proc, out, shared_memory_before)
+
+
+@pytest.mark.parametrize("name", ALGOS)
+def test_a_second_ctrl_c_ends_the_run_at_once(runner, name):
+    """A second Ctrl-C a moment after the first, wherever it lands (the update, the checkpoint, the teardown, the
+    interpreter's exit, which restores the default handlers): the job ends within 10 s, by SIGINT or with exit 0
+    where the first one's stop was done, nothing left behind, and a checkpoint, where the first Ctrl-C got that
+    far, whole. On CartPole the first stop can be over within the moment, so that the second meets the exit;
+    that the second one raises KeyboardInterrupt is checked in-process below."""
+    shared_memory_before = set(os.listdir("/dev/shm"))
+
+    def twice():
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)
+
+    with forever_run(runner, name) as proc:
+        out, seconds, _ = signal_once_training(runner, proc, twice, 30)
+        assert seconds < 10, f"took {seconds:.1f} s to stop"
+        assert proc.returncode in (0, -signal.SIGINT), out[-2000:]
+        assert wait_for(lambda: not session_members(proc.pid), 5), f"left behind: {session_members(proc.pid)}"
+        assert set(os.listdir("/dev/shm")) <= shared_memory_before
+    for checkpoint in runner.cwd.glob("runs/*/checkpoint.pt"):
+        assert torch.load(checkpoint, weights_only=True)["update"] >= 1
+
+
+@pytest.mark.parametrize("name", ALGOS)
+def test_the_first_ctrl_c_asks_for_a_stop_and_the_second_raises_keyboard_interrupt(name):
+    """The handlers as main() installs them in the launcher (in-process, restored afterwards): the first SIGINT
+    sets the stop flag, the second raises KeyboardInterrupt."""
+    saved = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        stop = load_algo(name).install_stop_handlers()
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+        assert stop["signal"] == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+    finally:
+        for number, handler in saved.items():
+            signal.signal(number, handler)
