@@ -773,12 +773,6 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     written_by = checkpoint.pop("algo", "fedpg")
     if written_by != "fedpg":
         fail("resume", f"{checkpoint_path} was written by {written_by}.py, not fedpg.py; use another --exp-name")
-    missing = sorted(set(progress) - set(checkpoint))
-    if missing:
-        fail(
-            "resume",
-            f"{checkpoint_path} lacks {', '.join(missing)}: not a checkpoint of fedpg.py; use another --exp-name",
-        )
     # checkpoints written before configurations were recorded, and flags added since, are taken as this run's
     recorded = checkpoint.setdefault("config", progress["config"])
     # federated PG's earlier checkpoints recorded eleven of the flags in a string
@@ -788,6 +782,12 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     if changed:
         was = ", ".join(f"{flag}={recorded[flag]} (now {value})" for flag, value in changed.items())
         fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
+    missing = sorted(set(progress) - set(checkpoint))
+    if missing:
+        fail(
+            "resume",
+            f"{checkpoint_path} lacks {', '.join(missing)}: not a checkpoint of fedpg.py; use another --exp-name",
+        )
     return checkpoint
 
 

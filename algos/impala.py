@@ -932,18 +932,18 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     written_by = checkpoint.pop("algo", "impala")
     if written_by != "impala":
         fail("resume", f"{checkpoint_path} was written by {written_by}.py, not impala.py; use another --exp-name")
-    missing = sorted(set(progress) - set(checkpoint))
-    if missing:
-        fail(
-            "resume",
-            f"{checkpoint_path} lacks {', '.join(missing)}: not a checkpoint of impala.py; use another --exp-name",
-        )
     # checkpoints written before configurations were recorded, and flags added since, are taken as this run's
     recorded = checkpoint.setdefault("config", progress["config"])
     changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag, value) != value}
     if changed:
         was = ", ".join(f"{flag}={recorded[flag]} (now {value})" for flag, value in changed.items())
         fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
+    missing = sorted(set(progress) - set(checkpoint))
+    if missing:
+        fail(
+            "resume",
+            f"{checkpoint_path} lacks {', '.join(missing)}: not a checkpoint of impala.py; use another --exp-name",
+        )
     return checkpoint
 
 

@@ -2,7 +2,7 @@
 file as it was (docs/conventions.md §1a): a checkpoint written before the progress format, one that torch.load
 cannot read (empty, random bytes, truncated), one that holds no dict, one written by another file, one without
 this file's counters, one of a run with other flags (its recorded run_config), and one whose weights do not fit
-this run's network."""
+this run's network. And what `restore` takes from a good one is the checkpoint's, bit for bit."""
 
 import io
 import random
@@ -57,7 +57,7 @@ def test_a_damaged_checkpoint_is_refused(runner, name):
 
 @pytest.mark.parametrize("name", [name for name in ALGOS if name != "ga"])  # the GA checkpoints no weights
 def test_a_checkpoint_of_another_network_is_refused(runner, name):
-    refused(runner, name, another_network(name), "shape")
+    assert "does not fit this run" in refused(runner, name, another_network(name), "shape")
 
 
 def another_network(name: str) -> bytes:
@@ -114,6 +114,16 @@ def test_read_checkpoint_names_what_is_wrong(name, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name", ALGOS)
+def test_a_checkpoint_without_a_configuration_is_taken_as_this_runs(name, tmp_path):
+    """Written before configurations were recorded: read as this run's (its weights are still checked on load)."""
+    module = load_algo(name)
+    progress = progress_of(name)
+    path = tmp_path / "checkpoint.pt"
+    path.write_bytes(saved({key: value for key, value in progress.items() if key != "config"}))
+    assert module.read_checkpoint(str(path), progress)["config"] == progress["config"]
+
+
+@pytest.mark.parametrize("name", ALGOS)
 def test_save_checkpoint_writes_what_read_checkpoint_takes(name, tmp_path):
     module = load_algo(name)
     path = str(tmp_path / "checkpoint.pt")
@@ -138,3 +148,76 @@ def test_a_checkpoint_of_another_world_size_is_refused(name, tmp_path, capsys):
     assert progress["config"]["world_size"] == 1
     content = saved({**progress, "config": {**progress["config"], "world_size": 2}})
     assert "world_size=2 (now 1)" in read_in_process(name, content, tmp_path, capsys)
+
+
+# the files whose resume is not bitwise against an uninterrupted run (their episodes restart): what they restore
+LEARNERS = ["a3c", "apex", "ddppo", "impala", "r2d2", "seed"]
+
+
+def learner(name: str) -> tuple:
+    """(networks, optimizer) as main() builds them for CartPole: the model (and Ape-X's and R2D2's target network),
+    freshly initialized, and the optimizer over the flat parameter vector."""
+    module = load_algo(name)
+    args = module.Args()
+    spec = module.envpool.make_spec("CartPole-v1")
+    shape = spec.observation_space.shape
+    if name in ("apex", "r2d2"):
+        networks = [module.make_network(args, spec), module.make_network(args, spec)]
+    elif name == "a3c":
+        networks = [module.Agent(shape, spec.action_space, args.use_lstm)]
+    elif name == "ddppo":
+        networks = [module.Agent(shape, spec.action_space, False, False, args.clip_obs)]
+    else:
+        networks = [module.Agent(shape, spec.action_space.n, args.network, args.use_lstm, False)]
+    flat = module.flatten_parameters(networks[0])
+    if name == "a3c":
+        optimizer = module.SharedRMSprop([flat], args.learning_rate, args.rmsprop_alpha, args.rmsprop_eps)
+    elif name in ("apex", "r2d2"):
+        optimizer = torch.optim.Adam([flat], lr=args.learning_rate, eps=args.adam_eps)
+    else:
+        optimizer = module.make_optimizer(args, flat)
+    return networks, optimizer
+
+
+def same_state(a, b) -> bool:
+    """Equal nested state (state_dicts, optimizer state): tensors bit for bit, the rest by value."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+@pytest.mark.parametrize("name", LEARNERS)
+def test_restore_loads_weights_optimizer_state_and_counters_exactly(name, tmp_path):
+    """What a resumed run continues from is the checkpoint's, bit for bit: the weights (and the target network),
+    the optimizer's state after some steps, the counters; the run segment, which seeds the restarted envs, is one
+    more where the file counts segments."""
+    module = load_algo(name)
+    torch.manual_seed(0)
+    networks, optimizer = learner(name)
+    flat = optimizer.param_groups[0]["params"][0]
+    for _ in range(3):
+        flat.grad = torch.randn_like(flat)
+        optimizer.step()
+    progress = progress_of(name)
+    progress.update(update=3, global_step=1234, train_time_s=5.5, recent_returns=[10.0, 12.0])
+    payload = {**progress, "model": networks[0].state_dict(), "optimizer": optimizer.state_dict()}
+    if len(networks) == 2:
+        payload["target"] = networks[1].state_dict()
+    module.save_checkpoint(str(tmp_path / "checkpoint.pt"), payload)
+
+    torch.manual_seed(1)
+    fresh, fresh_optimizer = learner(name)
+    assert not same_state(fresh[0].state_dict(), networks[0].state_dict())
+    args = module.Args(resume=True)
+    restored = module.restore(
+        args, fresh[0], fresh_optimizer, torch.device("cpu"), str(tmp_path / "checkpoint.pt"), *fresh[1:]
+    )
+    assert same_state(fresh[0].state_dict(), networks[0].state_dict())
+    assert len(fresh) == 1 or same_state(fresh[1].state_dict(), networks[1].state_dict())
+    assert same_state(fresh_optimizer.state_dict(), optimizer.state_dict())
+    expected = {**progress, "segment": progress["segment"] + 1} if "segment" in progress else progress
+    assert {**restored, "recent_returns": list(restored["recent_returns"])} == expected
