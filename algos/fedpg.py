@@ -965,7 +965,12 @@ def setup_distributed(args: Args) -> None:
         # use the agent's store would otherwise train on without it
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)
     if args.world_size > 1:
+        # a stop signal during the rendezvous breaks the store's sockets (a NetworkError, exit 1): hold the
+        # stop signals until the group exists, then their handlers run (a checkpoint after the first update)
+        stop_signals = {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
         dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=args.collective_timeout))
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
 
 
 def seed_everything(args: Args) -> None:

@@ -1135,9 +1135,14 @@ def setup_distributed(args: Args):
         # torch.optim imports torch._dynamo on first use; imported once the group exists, it keeps references to
         # the group, destroy_process_group then leaves gloo's threads running, and a rank can abort as it exits
         importlib.import_module("torch._dynamo")
+        # a stop signal during the rendezvous breaks the store's sockets (a NetworkError, exit 1): hold the
+        # stop signals until the group exists, then their handlers run (a checkpoint after the first update)
+        stop_signals = {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
         dist.init_process_group(
             "nccl" if use_cuda else "gloo", init_method="env://", timeout=timedelta(seconds=args.collective_timeout)
         )
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
     return device
 
 

@@ -1482,9 +1482,14 @@ def setup_distributed(args: Args):
         # the group, destroy_process_group then leaves gloo's threads running, and a rank can abort as it exits
         importlib.import_module("torch._dynamo")
         timeout = timedelta(seconds=args.collective_timeout)
+        # a stop signal during the rendezvous breaks the store's sockets (a NetworkError, exit 1): hold the
+        # stop signals until the group exists, then their handlers run (a checkpoint after the first update)
+        stop_signals = {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
         dist.init_process_group("gloo", init_method="env://", timeout=timeout)
         # every rank creates every group
         groups = {rank: dist.new_group([0, rank], timeout=timeout) for rank in range(1, args.world_size)}
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
     return device, groups
 
 
