@@ -403,6 +403,64 @@ def plot(results: dict) -> None:
     fig.savefig(FIGURE, dpi=110)
 
 
+# ------------------------------------------------------------------------------------------------- workers on one node
+# what a user of one many-core machine turns up: each file's own worker knob, and a budget per worker, so that a run
+# lasts about as long at every worker count when scaling is perfect (Ape-X and R2D2 are left out: their learners'
+# replay ratio, not their actors, sets their steps/s)
+WORKER_KNOBS = {
+    "ddppo": ("torchrun", 100_000),
+    "impala": ("--num-actors", 150_000),
+    "seed": ("--num-actors", 60_000),
+    "es": ("--num-workers", 300_000),
+    "ga": ("--num-workers", 300_000),
+    "fedpg": ("--num-workers", 300_000),
+}
+FEDPG_CLIENTS = 10  # federated PG's default K: no more worker processes than clients
+
+
+def workers_run(name: str, count: int, run_dir: Path) -> dict:
+    knob, per_worker = WORKER_KNOBS[name]
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    launcher = torchrun(count) if knob == "torchrun" and count > 1 else [sys.executable]
+    command = [*launcher, str(ROOT / "algos" / f"{name}.py"), "--total-timesteps", str(per_worker * count)]
+    command += [] if knob == "torchrun" else [knob, str(count)]
+    command += ["--exp-name", "workers"] + (["--no-cuda"] if name in ("ddppo", "impala", "seed") else [])
+    env = dict(os.environ, WANDB_MODE="disabled", PYTHONWARNINGS="ignore")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.time()
+    with open(run_dir / "stdout.log", "w") as log:
+        subprocess.run(command, cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=300)
+    wall = time.time() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    summary = json.loads(next(run_dir.glob("runs/*/summary.json")).read_text())
+    return {"command": " ".join(command[1:]), "summary": summary, "cores_busy": cpu / wall, "wall_s": wall}
+
+
+def workers(names: list, counts: list, out: Path, deadline_s: float) -> None:
+    """Every file at every worker count, the smaller counts of all files first, until deadline_s has passed; the
+    results file is written after each run, so a run cut short keeps what finished."""
+    started = time.time()
+    results = {"machine": machine(), "files": {name: {} for name in names}}
+    for count in counts:
+        for name in names:
+            if name == "fedpg" and count > FEDPG_CLIENTS:
+                continue
+            if time.time() - started > deadline_s:
+                print(f"deadline: {name} with {count} workers not run", flush=True)
+                continue
+            try:
+                record = workers_run(name, count, SCRATCH / "workers" / f"{name}_w{count}")
+            except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
+                log = SCRATCH / "workers" / f"{name}_w{count}" / "stdout.log"
+                record = {"failed": str(error), "log_tail": log.read_text()[-2000:]}
+            results["files"][name][str(count)] = record
+            sps = record.get("summary", {}).get("sps")
+            print(f"{name} {count} workers: steps/s {sps}", flush=True)
+            out.write_text(json.dumps(results, indent=1))
+
+
 def model() -> None:
     results = json.loads(OUT.read_text())
     plot(results)
@@ -422,11 +480,18 @@ def main() -> None:
     go = sub.add_parser("measure", help="run every file with 1 and 2 processes, counting what crosses the wire")
     go.add_argument("--files", nargs="+", choices=sorted(FILES), default=list(FILES))
     sub.add_parser("model", help="the projection: docs/img/scaling.png and the table in docs/scaling.md")
+    node = sub.add_parser("workers", help="steps/s of each file at several worker counts on this one machine")
+    node.add_argument("--files", nargs="+", choices=sorted(WORKER_KNOBS), default=list(WORKER_KNOBS))
+    node.add_argument("--counts", nargs="+", type=int, default=[1, 4, 16, 2, 8])
+    node.add_argument("--out", type=Path, default=RESULTS / "scaling_workers.json")
+    node.add_argument("--deadline-s", type=float, default=3600.0, help="start no run after this many seconds")
     args = parser.parse_args()
     if args.what == "measure":
         started = time.time()
         measure(args.files)
         print(f"measured in {time.time() - started:.0f} s")
+    elif args.what == "workers":
+        workers(args.files, args.counts, args.out, args.deadline_s)
     else:
         model()
 
