@@ -124,4 +124,27 @@ def test_docs_scaling_table_is_the_results_files():
     results = json.loads(scaling.OUT.read_text())
     assert scaling.table(results) in scaling.DOC.read_text()
     assert scaling.wire_table(results) in scaling.DOC.read_text()
+    measured = json.loads(scaling.WORKERS_OUT.read_text())
+    assert scaling.workers_table(results, measured) in scaling.DOC.read_text()
     assert sorted(results["files"]) == sorted(scaling.FILES)
+
+
+def test_workers_runs_small_counts_first_skips_what_passes_the_deadline_and_keeps_what_finished(tmp_path, monkeypatch):
+    ran = []
+    clock = iter(range(0, 1000, 10))  # each look at the clock 10 s later
+
+    def fake_run(name, count, run_dir):
+        ran.append((name, count))
+        return {"summary": {"sps": 1000.0 * count}, "cores_busy": 1.0}
+
+    monkeypatch.setattr(scaling, "workers_run", fake_run)
+    monkeypatch.setattr(scaling.time, "time", lambda: next(clock))
+    monkeypatch.setattr(scaling, "machine", lambda: {"cores": 16})
+    out = tmp_path / "workers.json"
+    scaling.workers(["ga", "fedpg"], [1, 16, 2], out, deadline_s=35)
+    # federated PG has no more workers than its 10 clients; the clock passed 35 s before the count of 2
+    assert ran == [("ga", 1), ("fedpg", 1), ("ga", 16)]
+    assert json.loads(out.read_text())["files"] == {
+        "ga": {"1": fake_run("ga", 1, None), "16": fake_run("ga", 16, None)},
+        "fedpg": {"1": fake_run("fedpg", 1, None)},
+    }
