@@ -397,7 +397,7 @@ def test_deterministic_mode_is_bitwise(runner, name):
 def test_sigterm_checkpoint_resume(runner, name):
     """The resumed run continues the checkpoint's counters (updates, steps) and refills its replay, so it makes
     fewer updates than an uninterrupted run (learning_starts again) but more than the resumed segment alone."""
-    s = sigterm_then_resume(runner, name, "CartPole-v1", "--total-timesteps", 40000)
+    s = sigterm_then_resume(runner, name, "CartPole-v1", "--total-timesteps", 20000)
     ckpt = torch.load(runner.run_dir("CartPole-v1", "cut") / "checkpoint.pt", weights_only=True)
     assert 0 < ckpt["global_step"] < s["global_step"] and ckpt["update"] == updates_allowed(name, ckpt["global_step"])
     assert s["learner_updates"] == ckpt["update"] + updates_allowed(name, s["global_step"] - ckpt["global_step"])

@@ -61,8 +61,8 @@ def test_sigterm_checkpoint_resume(runner):
 def test_sigterm_under_torchrun_with_a_remote_actor_checkpoints_and_resumes(runner):
     """torchrun passes SIGTERM to every rank: the remote actor must outlive it until the learner has written its
     checkpoint and told it to stop; the resumed 2-rank run then finishes."""
-    s = sigterm_then_resume(runner, "seed", "CartPole-v1", "--total-timesteps", 100000, "--num-actors", 1, nproc=2)
-    assert s["global_step"] == 100000 - 100000 % 160 and s["world_size"] == 2
+    s = sigterm_then_resume(runner, "seed", "CartPole-v1", "--total-timesteps", 50000, "--num-actors", 1, nproc=2)
+    assert s["global_step"] == 50000 - 50000 % 160 and s["world_size"] == 2
 
 
 def test_remote_bridge_stops_on_what_it_sent(monkeypatch):
