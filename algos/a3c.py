@@ -68,7 +68,7 @@ class Args:
     # write runs/<run_name>/checkpoint.pt every this many shared updates (0: on signals only)
     checkpoint_every: int = 0
     resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
-    worker_timeout: float = 60.0  # seconds a worker may fall silent (stopped, hung) before the job ends
+    worker_timeout: float = 60.0  # seconds a worker may fall silent (stopped, hung; 5x that to start): the job ends
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
@@ -525,12 +525,29 @@ def receive(messages, workers: list) -> list:
     return received
 
 
-def wait_until_ready(messages, workers: list) -> None:
+# the times --worker-timeout a worker may take to build its envs and network before it says "ready"
+STARTUP_GRACE = 5
+
+
+def wait_until_ready(messages, workers: list, timeout: float) -> None:
     """Until every worker has built its envs and network: "ready" is all a worker sends before the
-    go."""
-    ready = 0
-    while ready < len(workers):
-        ready += len(receive(messages, workers))
+    go. One not ready within STARTUP_GRACE times the timeout (stopped or hung: its process lives on)
+    raises WorkerDied. As in watch_silence, a pause of the parent's own over half the timeout (the
+    whole job suspended, say) starts the count again."""
+    ready = set()
+    started = time.monotonic()
+    looked = started
+    grace = STARTUP_GRACE * timeout
+    while len(ready) < len(workers):
+        ready.update(index for _, index, _ in receive(messages, workers))
+        now = time.monotonic()
+        if now - looked > timeout / 2:
+            started = now
+        looked = now
+        if len(ready) < len(workers) and now - started > grace:
+            index = min(set(range(len(workers))) - ready)
+            why = f"not started after {grace:g} s, {STARTUP_GRACE} x --worker-timeout (stopped or hung)"
+            raise WorkerDied(f"worker {index} (pid {workers[index].pid}) {why}")
 
 
 def watch_silence(received: list, last_heard: list, exited: set, workers: list, timeout: float) -> None:
@@ -708,6 +725,19 @@ def save_checkpoint(path: str, payload: dict) -> None:
     os.replace(temporary, path)
 
 
+def as_typed(flag: str, value) -> str:
+    """A setting of run_config as a user types it: `--learning-rate 0.00025`, `--no-anneal-lr`; the process count
+    as torchrun's count."""
+    if flag == "world_size":
+        return f"world size {value}"
+    name = flag.replace("_", "-")
+    if isinstance(value, bool):
+        return f"--{name}" if value else f"--no-{name}"
+    if isinstance(value, (list, tuple)):
+        value = " ".join(str(item) for item in value)
+    return f"--{name} {value}".rstrip()
+
+
 def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     """The dict that save_checkpoint wrote, or exit 2 with one line saying what is wrong with the file,
     which is left as it is: unreadable (truncated, empty, random bytes), of the old format, written by
@@ -729,7 +759,9 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     recorded = checkpoint.setdefault("config", progress["config"])
     changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag, value) != value}
     if changed:
-        was = ", ".join(f"{flag}={recorded[flag]} (now {value})" for flag, value in changed.items())
+        was = ", ".join(
+            f"{as_typed(flag, recorded[flag])} (now {as_typed(flag, value)})" for flag, value in changed.items()
+        )
         fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
     missing = sorted(set(progress) - set(checkpoint))
     if missing:
@@ -916,7 +948,7 @@ def main(args: Args) -> int:
     # whatever ends this (an exception too), no worker outlives it: they ignore the SIGTERM of exit
     try:
         writer = open_writer(args, run_dir, progress)
-        wait_until_ready(messages, workers)
+        wait_until_ready(messages, workers, args.worker_timeout)
         # training starts when the workers start stepping
         clock = start_clock(progress)
         go.set()

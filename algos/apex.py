@@ -95,7 +95,7 @@ class Args:
     checkpoint_every: int = 0
     resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists (the replay is refilled)
     collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
-    actor_timeout: float = 60.0  # seconds a local actor may fall silent (stopped, hung) before the job ends
+    actor_timeout: float = 60.0  # seconds a local actor may fall silent (stopped, hung; 5x that to start): the job ends
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
@@ -510,8 +510,13 @@ class Heartbeats:
     free buffer: a stopped or hung actor falls silent while its process lives on, which its exit
     code cannot show."""
 
+    # an actor's first beat comes once it has built its envs and network: until then it may take this many
+    # times the timeout (a machine with many more actors than cores starts them slowly)
+    STARTUP_GRACE = 5
+
     def __init__(self, count: int):
-        self.last = torch.full((count,), time.monotonic(), dtype=torch.float64).share_memory_()
+        # 0: no beat yet
+        self.last = torch.zeros(count, dtype=torch.float64).share_memory_()
         # the learner's side: when it last looked, and since when silence counts
         self.looked = time.monotonic()
         self.since = self.looked
@@ -520,16 +525,20 @@ class Heartbeats:
         """An actor is alive: now."""
         self.last[actor] = time.monotonic()
 
-    def silent_actor(self, timeout: float) -> Optional[int]:
-        """The first actor silent for over `timeout` seconds, or None. When the learner itself was away
-        for over half of it (the whole job suspended, say), silence counts from the learner's return."""
+    def silent_actor(self, timeout: float) -> Optional[tuple]:
+        """The first actor silent for over `timeout` seconds (STARTUP_GRACE times it before its first beat)
+        and how long, or None. When the learner itself was away for over half of the timeout (the whole
+        job suspended, say), silence counts from the learner's return."""
         now = time.monotonic()
         if now - self.looked > timeout / 2:
             self.since = now
         self.looked = now
+        grace = self.STARTUP_GRACE * timeout
         for actor, last in enumerate(self.last.tolist()):
-            if now - max(last, self.since) > timeout:
-                return actor
+            if last == 0 and now - self.since > grace:
+                return actor, f"not started after {grace:g} s, {self.STARTUP_GRACE} x --actor-timeout"
+            if last != 0 and now - max(last, self.since) > timeout:
+                return actor, f"silent for {timeout:g} s"
         return None
 
 
@@ -834,8 +843,8 @@ def next_block(
                 raise ActorDied(f"actor {actor} (pid {process.pid}) exited with code {process.exitcode}")
         silent = heartbeats.silent_actor(args.actor_timeout)
         if silent is not None:
-            pid = actors[silent].pid
-            raise ActorDied(f"actor {silent} (pid {pid}) silent for {args.actor_timeout:g} s (stopped or hung)")
+            actor, how_long = silent
+            raise ActorDied(f"actor {actor} (pid {actors[actor].pid}) {how_long} (stopped or hung)")
         if "error" in control:
             raise ActorDied(control["error"])
         if index is not None and not args.deterministic:
@@ -1079,6 +1088,19 @@ def save_checkpoint(path: str, payload: dict) -> None:
     os.replace(temporary, path)
 
 
+def as_typed(flag: str, value) -> str:
+    """A setting of run_config as a user types it: `--learning-rate 0.00025`, `--no-anneal-lr`; the process count
+    as torchrun's count."""
+    if flag == "world_size":
+        return f"world size {value}"
+    name = flag.replace("_", "-")
+    if isinstance(value, bool):
+        return f"--{name}" if value else f"--no-{name}"
+    if isinstance(value, (list, tuple)):
+        value = " ".join(str(item) for item in value)
+    return f"--{name} {value}".rstrip()
+
+
 def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     """The dict that save_checkpoint wrote, or exit 2 with one line saying what is wrong with the file,
     which is left as it is: unreadable (truncated, empty, random bytes), of the old format, written by
@@ -1100,7 +1122,9 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     recorded = checkpoint.setdefault("config", progress["config"])
     changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag, value) != value}
     if changed:
-        was = ", ".join(f"{flag}={recorded[flag]} (now {value})" for flag, value in changed.items())
+        was = ", ".join(
+            f"{as_typed(flag, recorded[flag])} (now {as_typed(flag, value)})" for flag, value in changed.items()
+        )
         fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
     missing = sorted(set(progress) - set(checkpoint))
     if missing:

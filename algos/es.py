@@ -502,6 +502,19 @@ def save_checkpoint(path: str, payload: dict) -> None:
     os.replace(temporary, path)
 
 
+def as_typed(flag: str, value) -> str:
+    """A setting of run_config as a user types it: `--learning-rate 0.00025`, `--no-anneal-lr`; the process count
+    as torchrun's count."""
+    if flag == "world_size":
+        return f"world size {value}"
+    name = flag.replace("_", "-")
+    if isinstance(value, bool):
+        return f"--{name}" if value else f"--no-{name}"
+    if isinstance(value, (list, tuple)):
+        value = " ".join(str(item) for item in value)
+    return f"--{name} {value}".rstrip()
+
+
 def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     """The dict that save_checkpoint wrote, or exit 2 with one line saying what is wrong with the file,
     which is left as it is: unreadable (truncated, empty, random bytes), of the old format, written by
@@ -523,7 +536,9 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     recorded = checkpoint.setdefault("config", progress["config"])
     changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag, value) != value}
     if changed:
-        was = ", ".join(f"{flag}={recorded[flag]} (now {value})" for flag, value in changed.items())
+        was = ", ".join(
+            f"{as_typed(flag, recorded[flag])} (now {as_typed(flag, value)})" for flag, value in changed.items()
+        )
         fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
     missing = sorted(set(progress) - set(checkpoint))
     if missing:

@@ -93,7 +93,7 @@ class Args:
     checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many updates (0: on signals only)
     resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
     collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
-    actor_timeout: float = 60.0  # seconds an answered actor may stay silent (stopped, hung) before the job ends
+    actor_timeout: float = 60.0  # seconds an actor may stay silent (stopped, hung; 5x that to start): the job ends
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
@@ -563,6 +563,10 @@ def remote_bridge(actor: int, peer: int, group, slots: dict, conn, control: dict
         control.setdefault("error", f"remote actor {actor} (rank {peer}): {error!r}")
 
 
+# the times --actor-timeout an actor may take to build its envs before its first request
+STARTUP_GRACE = 5
+
+
 def inference_loop(
     agent: Agent,
     lock,
@@ -580,7 +584,8 @@ def inference_loop(
     pass when every actor waits or inference_timeout_ms after the first request. The LSTM state of
     every env lives here. Each answered request also extends that actor's unroll (extend_unroll); a
     finished unroll goes to the training thread. An actor that was answered and has not asked again
-    within actor_timeout (stopped or hung, while its process lives on) ends the job."""
+    within actor_timeout (stopped or hung, while its process lives on) ends the job, as does one that
+    has not asked at all within STARTUP_GRACE times it."""
     num_actors = len(conns)
     num_envs = args.num_envs
     state = agent.initial_state(num_actors * num_envs, device).view(2, num_actors, num_envs, -1)
@@ -592,6 +597,9 @@ def inference_loop(
     first_request = 0.0
     timeout = args.inference_timeout_ms / 1000
     answered_at = [time.monotonic()] * num_actors
+    # the actors that have asked once: before its first request an actor builds its envs, which may take
+    # STARTUP_GRACE times the timeout (a machine with many more actors than cores starts them slowly)
+    asked = set()
     # when this loop last looked: a pause of its own (backpressure, the job suspended) restarts the count
     looked = time.monotonic()
     while not control.get("stop"):
@@ -609,14 +617,20 @@ def inference_loop(
             if not waiting:
                 first_request = time.time()
             waiting.append(actor)
+            asked.add(actor)
         now = time.monotonic()
         if now - looked > args.actor_timeout / 2:
             answered_at = [now] * num_actors
         looked = now
         asking = set(waiting)
         for actor in range(num_actors):
-            if actor not in asking and now - answered_at[actor] > args.actor_timeout:
+            if actor in asked and actor not in asking and now - answered_at[actor] > args.actor_timeout:
                 control.setdefault("error", f"actor {actor} silent for {args.actor_timeout:g} s (stopped or hung)")
+                return
+            if actor not in asked and now - answered_at[actor] > STARTUP_GRACE * args.actor_timeout:
+                grace = STARTUP_GRACE * args.actor_timeout
+                why = f"not started after {grace:g} s, {STARTUP_GRACE} x --actor-timeout (stopped or hung)"
+                control.setdefault("error", f"actor {actor} {why}")
                 return
         if not waiting or (len(waiting) < num_actors and time.time() < first_request + timeout):
             continue
@@ -959,6 +973,19 @@ def save_checkpoint(path: str, payload: dict) -> None:
     os.replace(temporary, path)
 
 
+def as_typed(flag: str, value) -> str:
+    """A setting of run_config as a user types it: `--learning-rate 0.00025`, `--no-anneal-lr`; the process count
+    as torchrun's count."""
+    if flag == "world_size":
+        return f"world size {value}"
+    name = flag.replace("_", "-")
+    if isinstance(value, bool):
+        return f"--{name}" if value else f"--no-{name}"
+    if isinstance(value, (list, tuple)):
+        value = " ".join(str(item) for item in value)
+    return f"--{name} {value}".rstrip()
+
+
 def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     """The dict that save_checkpoint wrote, or exit 2 with one line saying what is wrong with the file,
     which is left as it is: unreadable (truncated, empty, random bytes), of the old format, written by
@@ -980,7 +1007,9 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     recorded = checkpoint.setdefault("config", progress["config"])
     changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag, value) != value}
     if changed:
-        was = ", ".join(f"{flag}={recorded[flag]} (now {value})" for flag, value in changed.items())
+        was = ", ".join(
+            f"{as_typed(flag, recorded[flag])} (now {as_typed(flag, value)})" for flag, value in changed.items()
+        )
         fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
     missing = sorted(set(progress) - set(checkpoint))
     if missing:

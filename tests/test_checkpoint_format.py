@@ -106,7 +106,7 @@ def test_read_checkpoint_names_what_is_wrong(name, tmp_path, capsys):
         "not a dict": (saved([1, 2, 3]), "holds a list"),
         "another file": (saved({**progress_of(name), "algo": "other"}), "written by other.py"),
         "no counters": (saved({"update": 3}), "lacks"),
-        "other flags": (saved({**progress_of(name), "config": {**config, "seed": 7}}), "with seed=7 (now 1)"),
+        "other flags": (saved({**progress_of(name), "config": {**config, "seed": 7}}), "with --seed 7 (now --seed 1)"),
     }
     for case, (content, expected) in cases.items():
         line = read_in_process(name, content, tmp_path, capsys)
@@ -147,7 +147,7 @@ def test_a_checkpoint_of_another_world_size_is_refused(name, tmp_path, capsys):
     progress = progress_of(name)
     assert progress["config"]["world_size"] == 1
     content = saved({**progress, "config": {**progress["config"], "world_size": 2}})
-    assert "world_size=2 (now 1)" in read_in_process(name, content, tmp_path, capsys)
+    assert "world size 2 (now world size 1)" in read_in_process(name, content, tmp_path, capsys)
 
 
 # the files whose resume is not bitwise against an uninterrupted run (their episodes restart): what they restore
@@ -221,3 +221,14 @@ def test_restore_loads_weights_optimizer_state_and_counters_exactly(name, tmp_pa
     assert same_state(fresh_optimizer.state_dict(), optimizer.state_dict())
     expected = {**progress, "segment": progress["segment"] + 1} if "segment" in progress else progress
     assert {**restored, "recent_returns": list(restored["recent_returns"])} == expected
+
+
+@pytest.mark.parametrize("name", ALGOS)
+def test_a_refused_setting_is_named_as_a_user_types_it(name):
+    module = load_algo(name)
+    assert module.as_typed("learning_rate", 0.00025) == "--learning-rate 0.00025"
+    assert module.as_typed("anneal_lr", False) == "--no-anneal-lr"
+    assert module.as_typed("anneal_lr", True) == "--anneal-lr"
+    assert module.as_typed("hidden_sizes", [64, 64]) == "--hidden-sizes 64 64"
+    assert module.as_typed("hidden_sizes", ()) == "--hidden-sizes"
+    assert module.as_typed("world_size", 2) == "world size 2"

@@ -420,4 +420,4 @@ def test_resume_refuses_a_checkpoint_of_another_configuration(runner):
     proc = runner.run("fedpg", "--total-timesteps", 20_000, "--resume", "--aggregator", "median", "--num-workers", 2)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "--resume" in lines[0], proc.stderr
-    assert "aggregator=fedavg (now median)" in lines[0], lines[0]
+    assert "--aggregator fedavg (now --aggregator median)" in lines[0], lines[0]

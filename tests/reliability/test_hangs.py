@@ -6,9 +6,19 @@ worker) after --actor-timeout (--worker-timeout) and ends the job naming it."""
 import os
 import signal
 import subprocess
+import time
 
 import pytest
-from conftest import algo_command, alive, child_env, free_port, kill_one_worker, signal_once_training, wait_for
+from conftest import (
+    algo_command,
+    alive,
+    child_env,
+    free_port,
+    kill_one_worker,
+    load_algo,
+    signal_once_training,
+    wait_for,
+)
 
 TIMEOUT = 5  # --collective-timeout of these runs, in seconds
 # the files that fork their own workers; the file's parent gives them 2 s after one fails, then SIGTERM, 2 s more,
@@ -105,3 +115,97 @@ def test_a_stopped_local_actor_ends_the_job_naming_it(runner, name):
         within=TIMEOUT + 10,
     )
     assert f"silent for {TIMEOUT} s (stopped or hung)" in out, out[-2000:]
+
+
+# -------------------------------------------------------------------------------------- start-up: a longer grace
+# An actor or worker that has not yet shown a sign of life builds its envs and network (slow where many start on
+# few cores): it has STARTUP_GRACE times the timeout; once it has beaten, asked or said "ready", the timeout.
+
+
+class Clock:
+    """Stands in for a module's `time`: monotonic() reads `now`."""
+
+    def __init__(self, now: float):
+        self.now = now
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("name", ["apex", "impala", "r2d2"])
+def test_heartbeats_give_an_actor_its_start_up_grace_before_the_first_beat_and_the_timeout_after(name, monkeypatch):
+    module = load_algo(name)
+    clock = Clock(100.0)
+    monkeypatch.setattr(module, "time", clock)
+    grace = module.Heartbeats.STARTUP_GRACE * 10.0
+    beats = module.Heartbeats(2)
+    # actor 0 beats at every look (4 s apart), actor 1 never does: it is reported only once the grace is over
+    while clock.now <= 100.0 + grace:
+        beats.beat(0)
+        assert beats.silent_actor(10.0) is None, clock.now
+        clock.now += 4.0
+    assert beats.silent_actor(10.0) == (1, f"not started after {grace:g} s, 5 x --actor-timeout")
+    # a beat, then silence: the timeout
+    beats = module.Heartbeats(1)
+    beats.beat(0)
+    for _ in range(2):
+        clock.now += 4.0
+        assert beats.silent_actor(10.0) is None
+    clock.now += 4.0
+    assert beats.silent_actor(10.0) == (0, "silent for 10 s")
+
+
+def test_a3c_waits_for_its_workers_ready_within_the_start_up_grace(monkeypatch):
+    import queue
+    from types import SimpleNamespace
+
+    a3c = load_algo("a3c")
+    messages = queue.Queue()
+    messages.put(("ready", 0, None))
+    workers = [SimpleNamespace(pid=11, exitcode=None), SimpleNamespace(pid=12, exitcode=None)]
+    # receive() waits 0.2 s per pass: a timeout of 0.5 s keeps the parent's looks under half of it
+    started = time.monotonic()
+    expected = r"worker 1 \(pid 12\) not started after 2.5 s, 5 x --worker-timeout \(stopped or hung\)"
+    with pytest.raises(a3c.WorkerDied, match=expected):
+        a3c.wait_until_ready(messages, workers, timeout=0.5)
+    assert 2.5 <= time.monotonic() - started < 5.0
+    messages.put(("ready", 1, None))
+    messages.put(("ready", 0, None))
+    a3c.wait_until_ready(messages, workers, timeout=0.5)  # both ready: returns
+    # a pause of the parent's own (the job suspended) starts the count again: a 100 s jump, then 2 s more
+    clock = Clock(1000.0)
+    monkeypatch.setattr(a3c, "time", clock)
+
+    def receive(messages, workers):
+        clock.now += 100.0 if clock.now == 1000.0 else 0.2
+        if clock.now > 1102.0:
+            return [("ready", 0, None)]
+        return []
+
+    monkeypatch.setattr(a3c, "receive", receive)
+    a3c.wait_until_ready(messages, workers[1:], timeout=0.5)
+
+
+def test_seed_ends_the_job_when_an_actor_never_asks_within_the_start_up_grace():
+    import threading
+
+    import torch
+
+    seed = load_algo("seed")
+    # the loop looks every 0.2 s at most; a pause of over half the timeout would restart the count
+    args = seed.Args(num_actors=2, actor_timeout=0.5)
+    args.total_actors = 2
+    spec = seed.envpool.make_spec(args.env_id)
+    agent = seed.Agent(spec.observation_space.shape, spec.action_space.n, args.network, args.use_lstm, True)
+    slots = seed.actor_slots(args, spec, 2)
+    buffers = seed.unroll_buffers(args, spec, 4, agent.initial_state(1).shape[-1])
+    pipes = [seed.mp.get_context("fork").Pipe() for _ in range(2)]
+    control = {"version": 0, "stats": {"inference_batch_mean": [], "inference_latency_ms": [], "actor_wait_ms": []}}
+    started = time.monotonic()
+    inference, _, _ = seed.start_inference(
+        args, agent, threading.Lock(), slots, pipes, buffers, 4, control, torch.device("cpu"), 0
+    )
+    inference.join(timeout=10)
+    assert not inference.is_alive()
+    assert control["error"] == "actor 0 not started after 2.5 s, 5 x --actor-timeout (stopped or hung)"
+    assert 2.5 <= time.monotonic() - started < 5.0

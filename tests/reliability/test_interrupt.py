@@ -76,7 +76,7 @@ def assert_resume_refuses_other_flags(runner, name: str) -> None:
     seconds = time.monotonic() - started
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
-    assert f"is of a run with {setting}={recorded} (now {value})" in lines[0], lines[0]
+    assert f"is of a run with {flag} {recorded} (now {flag} {value})" in lines[0], lines[0]
     assert seconds < 10, f"took {seconds:.1f} s"
     assert checkpoint.read_bytes() == content
     # with other process and thread counts, timeouts and a budget already spent, it resumes and only evaluates:
