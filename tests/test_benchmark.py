@@ -174,6 +174,19 @@ def test_pong_figures_from_a_runs_events(tmp_path, monkeypatch):
     cut_dir = seed_dir.rename(tmp_path / "cleanrl_ppo_1.cut1700000000")
     cut = atari.measures("cleanrl_ppo", 1, cut_dir)
     assert cut["cut"] and cut["mean20_at_1M"] == r["mean20_at_1M"] and cut["step_to_18"] == r["step_to_18"]
+    # `report` records the runs found here and keeps, as recorded, the runs whose directories are gone
+    monkeypatch.setattr(atari, "ROOT", tmp_path)
+    monkeypatch.setattr(atari, "plot", lambda entry, runs, peer_runs: entry)
+    out = tmp_path / "benchmark" / "results" / "atari_pong.json"
+    out.parent.mkdir(parents=True)
+    gone = dict(cut, entry="ddppo", cut=False, segments=[dict(cut["segments"][0], start=5)])
+    out.write_text(json.dumps({"runs": [gone, dict(cut, last_step=1)]}))
+    atari.report()
+    runs = json.loads(out.read_text())["runs"]
+    assert [(run["entry"], run["cut"], run["last_step"]) for run in runs] == [
+        ("cleanrl_ppo", True, cut["last_step"]),  # read again from its directory, not the recorded copy
+        ("ddppo", False, cut["last_step"]),
+    ]
 
 
 def test_the_peer_is_stopped_only_past_2m_steps_with_a_20_episode_mean_of_18():
