@@ -139,6 +139,18 @@ def torchrun(nproc: int) -> list:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
 
 
+def timed_run(command: list, run_dir: Path, env: dict, timeout: float) -> tuple:
+    """Runs `command` in run_dir, its output to stdout.log. Returns its wall seconds and the cores it kept busy: the
+    CPU seconds of every process of the run over its wall time."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.time()
+    with open(run_dir / "stdout.log", "w") as log:
+        subprocess.run(command, cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=timeout)
+    wall = time.time() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / wall
+
+
 def measure_run(name: str, nproc: int) -> dict:
     run_dir = SCRATCH / f"{name}_n{nproc}"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -150,13 +162,7 @@ def measure_run(name: str, nproc: int) -> dict:
     command = [*launcher, str(ROOT / "algos" / f"{name}.py"), *budget, "--exp-name", "scaling"]
     env = dict(os.environ, WANDB_MODE="disabled", PYTHONWARNINGS="ignore", SCALING_COUNTS=str(counts_dir))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(run_dir), env.get("PYTHONPATH")]))
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.time()
-    with open(run_dir / "stdout.log", "w") as log:
-        subprocess.run(command, cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=900)
-    wall = time.time() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    _, cores_busy = timed_run(command, run_dir, env, timeout=900)
     tb_dir = next(run_dir.glob("runs/*"))
     summary = json.loads((tb_dir / "summary.json").read_text())
     wire = {}
@@ -166,8 +172,7 @@ def measure_run(name: str, nproc: int) -> dict:
             total = wire.setdefault(rank, {}).setdefault(op, {"calls": 0, "bytes": 0, "seconds": 0.0})
             for key in total:
                 total[key] += entry[key]
-    # CPU seconds of every process of the run over its wall time: how many of the machine's cores it kept busy
-    record = {"command": " ".join(command[1:]), "summary": summary, "wire": wire, "cores_busy": cpu / wall}
+    record = {"command": " ".join(command[1:]), "summary": summary, "wire": wire, "cores_busy": cores_busy}
     if name in ROLLOUT_SCALAR:
         record["rollout_s_per_update"] = statistics.mean(p.value for p in scalar_points(tb_dir, ROLLOUT_SCALAR[name]))
     return record
@@ -433,15 +438,9 @@ def workers_run(name: str, count: int, run_dir: Path) -> dict:
     command += [] if knob == "torchrun" else [knob, str(count)]
     command += ["--exp-name", "workers"] + (["--no-cuda"] if name in ("ddppo", "impala", "seed") else [])
     env = dict(os.environ, WANDB_MODE="disabled", PYTHONWARNINGS="ignore")
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.time()
-    with open(run_dir / "stdout.log", "w") as log:
-        subprocess.run(command, cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=300)
-    wall = time.time() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    wall, cores_busy = timed_run(command, run_dir, env, timeout=300)
     summary = json.loads(next(run_dir.glob("runs/*/summary.json")).read_text())
-    return {"command": " ".join(command[1:]), "summary": summary, "cores_busy": cpu / wall, "wall_s": wall}
+    return {"command": " ".join(command[1:]), "summary": summary, "cores_busy": cores_busy, "wall_s": wall}
 
 
 def workers(names: list, counts: list, out: Path, deadline_s: float) -> None:

@@ -148,3 +148,13 @@ def test_workers_runs_small_counts_first_skips_what_passes_the_deadline_and_keep
         "ga": {"1": fake_run("ga", 1, None), "16": fake_run("ga", 16, None)},
         "fedpg": {"1": fake_run("fedpg", 1, None)},
     }
+
+
+def test_a_timed_run_logs_its_output_and_counts_the_cores_its_processes_kept_busy(tmp_path):
+    spin = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\nprint('spun')"
+    wall, cores_busy = scaling.timed_run([sys.executable, "-c", spin], tmp_path, dict(os.environ), timeout=60)
+    assert (tmp_path / "stdout.log").read_text() == "spun\n"
+    assert wall >= 0.6 and 0.5 * 0.6 / wall < cores_busy <= 1.05  # one process, busy for 0.6 of its CPU seconds
+    sleep = "import time\ntime.sleep(1.0)"
+    wall, cores_busy = scaling.timed_run([sys.executable, "-c", sleep], tmp_path, dict(os.environ), timeout=60)
+    assert wall >= 1.0 and cores_busy < 0.5  # asleep: the interpreter's start-up only
