@@ -88,7 +88,6 @@ def validate(args: Args) -> None:
         fail("seed", f"must be in [0, 2**30), got {args.seed}")
     positive = [
         "total_timesteps",
-        "worker_timeout",
         "t_max",
         "num_envs",
         "eval_episodes",
@@ -100,6 +99,10 @@ def validate(args: Args) -> None:
     for name in positive:
         if getattr(args, name) <= 0:
             fail(name, f"must be positive, got {getattr(args, name)}")
+    # a pause of the parent's own over half the timeout (the whole job suspended) restarts the silence count, and
+    # it looks at its workers every 0.2 s: a shorter timeout might never fire
+    if args.worker_timeout < 2:
+        fail("worker_timeout", f"must be at least 2 s, got {args.worker_timeout}")
     for name in ["num_workers", "checkpoint_every", "ent_coef", "vf_coef", "max_grad_norm"]:
         if getattr(args, name) < 0:
             fail(name, f"must not be negative, got {getattr(args, name)}")

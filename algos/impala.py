@@ -120,10 +120,14 @@ def validate(args: Args) -> None:
     positive = ["total_timesteps", "num_envs", "unroll_length", "batch_size", "eval_episodes", "learning_rate"]
     positive += ["rho_bar", "c_bar", "rmsprop_eps", "adam_eps", "clip_reward", "collective_timeout"]
     # max_grad_norm 0 would clip every gradient to zero: refused, not taken as "off"
-    positive += ["actor_timeout", "max_grad_norm"]
+    positive += ["max_grad_norm"]
     for name in positive:
         if getattr(args, name) <= 0:
             fail(name, f"must be positive, got {getattr(args, name)}")
+    # a pause of the learner's own over half the timeout (the whole job suspended) restarts the silence count, and
+    # it looks at its actors between updates (every 0.5 s while it waits): a shorter timeout might never fire
+    if args.actor_timeout < 2:
+        fail("actor_timeout", f"must be at least 2 s, got {args.actor_timeout}")
     not_negative = ["torch_threads", "env_threads", "num_actors", "num_buffers", "checkpoint_every", "ent_coef"]
     not_negative += ["vf_coef"]
     for name in not_negative:

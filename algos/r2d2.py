@@ -130,7 +130,6 @@ def validate(args: Args) -> None:
         fail("seed", f"must be in [0, 2**30), got {args.seed}")
     positive = [
         "collective_timeout",
-        "actor_timeout",
         "total_timesteps",
         "eval_episodes",
         "learning_rate",
@@ -151,6 +150,10 @@ def validate(args: Args) -> None:
     for name in positive:
         if getattr(args, name) <= 0:
             fail(name, f"must be positive, got {getattr(args, name)}")
+    # a pause of the learner's own over half the timeout (the whole job suspended) restarts the silence count, and
+    # it looks at its actors between updates (every 0.5 s while it waits): a shorter timeout might never fire
+    if args.actor_timeout < 2:
+        fail("actor_timeout", f"must be at least 2 s, got {args.actor_timeout}")
     not_negative = [
         "torch_threads",
         "env_threads",

@@ -121,10 +121,15 @@ def validate(args: Args) -> None:
     positive = ["total_timesteps", "num_envs", "unroll_length", "batch_size", "eval_episodes", "learning_rate"]
     positive += ["rho_bar", "c_bar", "rmsprop_eps", "adam_eps", "clip_reward", "collective_timeout"]
     # max_grad_norm 0 would clip every gradient to zero: refused, not taken as "off"
-    positive += ["actor_timeout", "max_grad_norm"]
+    positive += ["max_grad_norm"]
     for name in positive:
         if getattr(args, name) <= 0:
             fail(name, f"must be positive, got {getattr(args, name)}")
+    # a pause of the inference thread's own over half the timeout (the whole job suspended) restarts the silence
+    # count, and it looks at its actors between forward passes (every 0.2 s while it waits): a shorter timeout
+    # might never fire
+    if args.actor_timeout < 2:
+        fail("actor_timeout", f"must be at least 2 s, got {args.actor_timeout}")
     not_negative = ["torch_threads", "env_threads", "num_actors", "num_buffers", "checkpoint_every", "ent_coef"]
     not_negative += ["vf_coef", "inference_timeout_ms"]
     for name in not_negative:
@@ -564,7 +569,7 @@ def remote_bridge(actor: int, peer: int, group, slots: dict, conn, control: dict
                 return
     # any failure of the link ends the job
     except Exception as error:  # noqa: BLE001
-        control.setdefault("error", f"remote actor {actor} (rank {peer}): {error!r}")
+        control.setdefault("error", (actor, f"lost its link: {error!r}"))
 
 
 # the times --actor-timeout an actor may take to build its envs before its first request
@@ -616,7 +621,7 @@ def inference_loop(
             try:
                 conn.recv_bytes()
             except (EOFError, OSError):
-                control.setdefault("error", f"actor {actor} closed its connection (died)")
+                control.setdefault("error", (actor, "closed its connection (died)"))
                 return
             if not waiting:
                 first_request = time.time()
@@ -629,12 +634,12 @@ def inference_loop(
         asking = set(waiting)
         for actor in range(num_actors):
             if actor in asked and actor not in asking and now - answered_at[actor] > args.actor_timeout:
-                control.setdefault("error", f"actor {actor} silent for {args.actor_timeout:g} s (stopped or hung)")
+                control.setdefault("error", (actor, f"silent for {args.actor_timeout:g} s (stopped or hung)"))
                 return
             if actor not in asked and now - answered_at[actor] > STARTUP_GRACE * args.actor_timeout:
                 grace = STARTUP_GRACE * args.actor_timeout
                 why = f"not started after {grace:g} s, {STARTUP_GRACE} x --actor-timeout (stopped or hung)"
-                control.setdefault("error", f"actor {actor} {why}")
+                control.setdefault("error", (actor, why))
                 return
         if not waiting or (len(waiting) < num_actors and time.time() < first_request + timeout):
             continue
@@ -753,6 +758,13 @@ def start_inference(args: Args, agent: Agent, lock, slots, pipes, buffers, num_b
     return inference, free_q, full_q
 
 
+def actor_name(args: Args, actors: list, actor: int) -> str:
+    """An actor as an error names it: a local one by its process, a remote one by its rank."""
+    if actor < args.num_actors:
+        return f"actor {actor} (pid {actors[actor].pid})"
+    return f"remote actor {actor} (rank {actor - args.num_actors + 1})"
+
+
 def next_batch(args: Args, full_q, actors: list, inference, control: dict) -> list:
     """Indices of the first unrolls_per_batch unrolls that the inference thread completed, waiting
     on the full queue while watching the actors, their links and the inference thread."""
@@ -766,8 +778,11 @@ def next_batch(args: Args, full_q, actors: list, inference, control: dict) -> li
         for actor, process in enumerate(actors):
             if process.exitcode is not None:
                 raise ActorDied(f"actor {actor} (pid {process.pid}) exited with code {process.exitcode}")
-        if "error" in control or not inference.is_alive():
-            raise ActorDied(control.get("error", "the inference thread stopped"))
+        if "error" in control:
+            actor, why = control["error"]
+            raise ActorDied(f"{actor_name(args, actors, actor)} {why}")
+        if not inference.is_alive():
+            raise ActorDied("the inference thread stopped")
     return chosen
 
 

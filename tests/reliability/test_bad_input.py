@@ -119,7 +119,7 @@ BAD = {
         (["--max-grad-norm", 0], "max-grad-norm"),
     ],
 }
-# the timeouts every file takes (reliability: hangs), each refused when not positive
+# the timeouts every file takes (reliability: hangs)
 TIMEOUTS = {name: ["collective-timeout"] for name in BAD}
 TIMEOUTS.update(
     {
@@ -133,10 +133,22 @@ TIMEOUTS.update(
 # envpool renders MuJoCo through a GPU context; without one its render() would end the process
 for name in ["a3c", "ddppo", "es", "fedpg", "ga"]:
     BAD[name] = BAD[name] + [(["--env-id", "Hopper-v4", "--capture-video"], "capture-video")]
+
+
+def timeout_cases(name: str) -> list:
+    """Every timeout refused at 0 and -1; the silence timeouts of local actors and workers under 2 s as well (a
+    pause of the learner's own over half of one restarts its count: a shorter one might never fire)."""
+    cases = []
+    for timeout in TIMEOUTS[name]:
+        for value in (0, -1, 1.5) if timeout in ("actor-timeout", "worker-timeout") else (0, -1):
+            cases.append(([f"--{timeout}", value], timeout))
+    return cases
+
+
 CASES = [
     pytest.param(name, args, arg, id=f"{name}-{arg}={args[1]}")
     for name, table in BAD.items()
-    for args, arg in table + [([f"--{timeout}", value], timeout) for timeout in TIMEOUTS[name] for value in (0, -1)]
+    for args, arg in table + timeout_cases(name)
 ]
 MODULES = {}
 

@@ -207,5 +207,21 @@ def test_seed_ends_the_job_when_an_actor_never_asks_within_the_start_up_grace():
     )
     inference.join(timeout=10)
     assert not inference.is_alive()
-    assert control["error"] == "actor 0 not started after 2.5 s, 5 x --actor-timeout (stopped or hung)"
+    assert control["error"] == (0, "not started after 2.5 s, 5 x --actor-timeout (stopped or hung)")
     assert 2.5 <= time.monotonic() - started < 5.0
+
+
+def test_seed_names_the_actor_it_lost_a_local_one_by_its_pid_a_remote_one_by_its_rank():
+    import queue
+    from types import SimpleNamespace
+
+    seed = load_algo("seed")
+    args = seed.Args(num_actors=2)
+    args.unrolls_per_batch = 1
+    actors = [SimpleNamespace(pid=11, exitcode=None), SimpleNamespace(pid=12, exitcode=None)]
+    inference = SimpleNamespace(is_alive=lambda: True)
+    # actor 2 is the first remote one: rank 1's
+    for actor, expected in [(1, r"^actor 1 \(pid 12\) silent for 5 s"), (2, r"^remote actor 2 \(rank 1\) silent")]:
+        control = {"error": (actor, "silent for 5 s (stopped or hung)")}
+        with pytest.raises(seed.ActorDied, match=expected):
+            seed.next_batch(args, queue.Queue(), actors, inference, control)
