@@ -186,6 +186,15 @@ def assert_bad_argument(proc: subprocess.CompletedProcess, name: str, cwd: Path)
     assert not (cwd / "runs").exists()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds that a process (all its threads) has used; 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def kill_one_worker(
     proc: subprocess.Popen,
     script: str,
@@ -194,11 +203,13 @@ def kill_one_worker(
     signal_number: int = 9,
     within: float = 10,
     pick=lambda workers: workers[-1],
+    busy_s: float = 0.0,
 ) -> str:
     """Send signal_number (SIGKILL; SIGSTOP for a worker that hangs without dying) to one of the job's worker
-    processes (those running `script`; `pick` chooses from their PIDs, the last by default) once `ready()` holds;
-    assert the job then ends non-zero within `within` seconds and no worker outlives it. Returns the job's
-    output."""
+    processes (those running `script`; `pick` chooses from their PIDs, the last by default) once `ready()` holds
+    and every worker has used busy_s seconds of CPU (past its start-up: a worker stopped before its first sign of
+    life gets the longer start-up grace); assert the job then ends non-zero within `within` seconds and no worker
+    outlives it. Returns the job's output."""
     import signal
 
     try:
@@ -210,7 +221,11 @@ def kill_one_worker(
                 if os.path.exists(f"/proc/{p}") and script in open(f"/proc/{p}/cmdline").read()
             ]
 
-        assert wait_for(lambda: len(workers()) >= min_workers and ready(), 60), "the workers did not start"
+        def started():
+            running = workers()
+            return len(running) >= min_workers and ready() and all(cpu_seconds(p) >= busy_s for p in running)
+
+        assert wait_for(started, 60), "the workers did not start"
         time.sleep(1.0)
         victims = workers()
         os.kill(pick(victims), signal_number)

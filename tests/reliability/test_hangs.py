@@ -26,6 +26,9 @@ TIMEOUT = 5  # --collective-timeout of these runs, in seconds
 FORKED = ["es", "fedpg", "ga"]
 GRACE = 4
 LONG = ["--env-id", "CartPole-v1", "--total-timesteps", 10**8, "--collective-timeout", TIMEOUT]
+# CPU seconds every worker has used before one is stopped: past its start-up (a stopped worker that has not yet
+# given a sign of life gets 5 x the timeout; the run's event file alone comes before the actors' first steps)
+BUSY_S = 0.5
 
 
 @pytest.mark.parametrize("name", FORKED)
@@ -36,6 +39,7 @@ def test_a_stopped_worker_ends_the_job(runner, name):
         f"{name}.py",
         lambda: list(runner.cwd.glob("runs/*/events.*")),
         signal_number=signal.SIGSTOP,
+        busy_s=BUSY_S,
         within=TIMEOUT + GRACE + 10,
     )
 
@@ -112,6 +116,7 @@ def test_a_stopped_local_actor_ends_the_job_naming_it(runner, name):
         f"{name}.py",
         lambda: list(runner.cwd.glob("runs/*/events.*")),
         signal_number=signal.SIGSTOP,
+        busy_s=BUSY_S,
         within=TIMEOUT + 10,
     )
     assert f"silent for {TIMEOUT} s (stopped or hung)" in out, out[-2000:]
