@@ -94,7 +94,9 @@ class Args:
     deterministic: bool = False
     """actors act with the parameters of exactly one update ago and unrolls are consumed in a fixed
     order: bitwise reproducible on CPU, at the price of actors waiting for the learner"""
-    checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many updates (0: on signals only)
+    checkpoint_every: int = 0
+    """write runs/<run_name>/checkpoint.pt every this many updates (0: on signals only); with
+    --deterministic each of them is a restart point: the actors start afresh there"""
     resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
     collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
     actor_timeout: float = 60.0  # seconds a local actor may fall silent (stopped, hung; 5x that to start): the job ends
@@ -197,6 +199,13 @@ def env_seed(args: Args, actor: int, update: int) -> int:
     """Seed of env 0 of `actor` on this rank when actors start at `update`: distinct for every env,
     actor, rank and restart point."""
     return args.seed + ((update * args.world_size + args.rank) * args.num_actors + actor) * args.num_envs
+
+
+def restart_point(args: Args, update: int) -> bool:
+    """Deterministic mode: every checkpoint of --checkpoint-every is a restart point, where the actors
+    start afresh (new envs seeded for it, sampling reseeded, the parameters of that very update) in
+    every run alike, so that a run resumed from it goes on bitwise as the uninterrupted one."""
+    return args.deterministic and args.checkpoint_every > 0 and update % args.checkpoint_every == 0
 
 
 # ----------------------------------------------------------------------------------------------- networks
@@ -592,36 +601,43 @@ def actor_loop(
     unroll, pass its index to the learner through the full queue, repeat. Default mode: the latest
     parameters before every unroll. Deterministic mode: the unrolls of round r (those the learner
     consumes in update r) use the parameters of version r - 1, i.e. exactly one update old (the
-    first round after a start uses the current)."""
+    first round after a start or a restart point uses the current)."""
     # PR_SET_PDEATHSIG: die with the learner, whatever kills it; signals are the learner's to handle
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)
     for signal_number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(signal_number, signal.SIG_IGN)
     torch.set_num_threads(1)
     num_envs = args.num_envs
-    seed = env_seed(args, actor, start_update)
-    envs = make_env(args.env_id, num_envs, seed, args.env_threads or 1)
-    generator = torch.Generator().manual_seed(seed)
     agent = Agent(spec.observation_space.shape, spec.action_space.n, args.network, args.use_lstm)
     flat = flat_params(agent)
-    obs = torch.as_tensor(envs.reset()[0])
-    valid = torch.ones(num_envs)
-    state = agent.initial_state(num_envs)
-    episode_return = np.zeros(num_envs)
-    episode_length = np.zeros(num_envs)
-    previous_done = np.zeros(num_envs, dtype=bool)
-    # discounted return along each env, R_t = gamma R_{t-1} + r_t, reset after an episode end
-    discounted_return = np.zeros(num_envs)
     unrolls_per_round = args.unrolls_per_batch // args.num_actors
     loaded = -1
     sequence = 0
+    envs = None
     while True:
+        round_ = start_update + sequence // unrolls_per_round
+        # a start, or a restart point (deterministic mode): envs, sampling and episodes begin afresh
+        if envs is None or (sequence % unrolls_per_round == 0 and restart_point(args, round_)):
+            if envs is not None:
+                envs.close()
+            segment_start = round_
+            seed = env_seed(args, actor, segment_start)
+            envs = make_env(args.env_id, num_envs, seed, args.env_threads or 1)
+            generator = torch.Generator().manual_seed(seed)
+            obs = torch.as_tensor(envs.reset()[0])
+            valid = torch.ones(num_envs)
+            state = agent.initial_state(num_envs)
+            episode_return = np.zeros(num_envs)
+            episode_length = np.zeros(num_envs)
+            previous_done = np.zeros(num_envs, dtype=bool)
+            # discounted return along each env, R_t = gamma R_{t-1} + r_t, reset after an episode end
+            discounted_return = np.zeros(num_envs)
         # Deterministic mode: the parameters of this round's version first (waiting for it if need be), then a
         # buffer. Default mode: a buffer first, then the latest parameters, so that an actor held up by
         # backpressure does not start its unroll with parameters from before the wait (the paper fetches the
         # latest before each trajectory).
         if args.deterministic:
-            wanted = max(start_update + sequence // unrolls_per_round - 1, start_update)
+            wanted = max(round_ - 1, segment_start)
             if wanted != loaded:
                 loaded = store.read(flat, wanted, while_waiting=lambda: heartbeats.beat(actor))
                 load_flat(agent, flat)
@@ -842,14 +858,17 @@ def new_progress(config: dict) -> dict:
         "time_to_threshold_s": None,
         "threshold_step": None,
         "recent_returns": deque(maxlen=20),
+        # the policy lag summed over the updates counted: its whole-run mean in summary.json
+        "policy_lag_sum": 0.0,
+        "policy_lag_updates": 0,
         "config": config,
     }
 
 
 def new_stats() -> dict:
-    """This segment's learner figures: the policy lag of every update; the last update's wait for
-    its batch, its compute and its losses."""
-    return {"lags": [], "wait_s": 0.0, "learn_s": 0.0, "losses": torch.zeros(3)}
+    """The last update's learner figures: its policy lag, its wait for its batch, its compute and its
+    losses."""
+    return {"lag": 0.0, "wait_s": 0.0, "learn_s": 0.0, "losses": torch.zeros(3)}
 
 
 def start_clock(progress: dict) -> float:
@@ -897,7 +916,7 @@ def learner_scalars(progress: dict, stats: dict, optimizer, full_q) -> dict:
     scalars = {
         "charts/learning_rate": optimizer.param_groups[0]["lr"],
         "charts/SPS": progress["global_step"] / progress["train_time_s"],
-        "charts/policy_lag": stats["lags"][-1],
+        "charts/policy_lag": stats["lag"],
         "stats/learner_wait_s": stats["wait_s"],
         "stats/learn_time_s": stats["learn_s"],
         "stats/full_queue": full_q.qsize(),
@@ -970,6 +989,9 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
             f"{as_typed(flag, recorded[flag])} (now {as_typed(flag, value)})" for flag, value in changed.items()
         )
         fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
+    # checkpoints written before the policy lag was kept: its mean covers the updates since this resume
+    checkpoint.setdefault("policy_lag_sum", 0.0)
+    checkpoint.setdefault("policy_lag_updates", 0)
     missing = sorted(set(progress) - set(checkpoint))
     if missing:
         fail(
@@ -1084,7 +1106,7 @@ def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
     return writer
 
 
-def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float, device, run_dir: str, stats: dict):
+def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float, device, run_dir: str):
     """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with
     --save-model, the weights."""
     video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
@@ -1094,7 +1116,7 @@ def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float
     # the evaluation counts in wall time only
     advance_clock(progress, clock, training=False)
     recent = progress["recent_returns"]
-    lags = stats["lags"]
+    lag_sum = progress["policy_lag_sum"]
     summary = {
         "algo": "impala",
         "env_id": args.env_id,
@@ -1113,8 +1135,7 @@ def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float
         "train_return_last20": float(np.mean(recent)) if recent else None,
         "time_to_threshold_s": progress["time_to_threshold_s"],
         "threshold_step": progress["threshold_step"],
-        # None: resumed with no update left
-        "policy_lag_mean": float(np.mean(lags)) if lags else None,
+        "policy_lag_mean": lag_sum / progress["policy_lag_updates"] if progress["policy_lag_updates"] else None,
         "params_sha256": hashlib.sha256(flat_params(agent).numpy().tobytes()).hexdigest(),
     }
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
@@ -1262,7 +1283,9 @@ def main(args: Args) -> int:
             progress["update"] = update + 1
             progress["global_step"] += int(counters[0])
             clock = advance_clock(progress, clock)
-            stats["lags"].append(update - versions.double().mean().item())
+            stats["lag"] = update - versions.double().mean().item()
+            progress["policy_lag_sum"] += stats["lag"]
+            progress["policy_lag_updates"] += 1
             stats["wait_s"] = learn_start - wait_start
             stats["learn_s"] = learn_end - learn_start
             stats["losses"] = losses
@@ -1290,7 +1313,7 @@ def main(args: Args) -> int:
                 # the actors' CPU is the evaluation's now
                 for process in actors:
                     process.kill()
-                write_summary(args, agent, writer, progress, clock, device, run_dir, stats)
+                write_summary(args, agent, writer, progress, clock, device, run_dir)
     except ActorDied as e:
         print(f"{os.path.basename(sys.argv[0])}: error: rank {args.rank}: {e}; stopping", file=sys.stderr, flush=True)
         exit_code = 1

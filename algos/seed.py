@@ -883,16 +883,19 @@ def new_progress(config: dict) -> dict:
         "time_to_threshold_s": None,
         "threshold_step": None,
         "recent_returns": deque(maxlen=20),
+        # the policy lag summed over the updates counted: its whole-run mean in summary.json
+        "policy_lag_sum": 0.0,
+        "policy_lag_updates": 0,
         "config": config,
     }
 
 
 def new_stats() -> dict:
-    """This segment's learner figures: the policy lag of every update; the last update's wait for
-    its batch, its compute, its losses and the means of the inference thread's figures since the
-    update before (empty when it ran no batch); those means of every update."""
+    """This segment's learner figures: the last update's policy lag, its wait for its batch, its
+    compute, its losses and the means of the inference thread's figures since the update before
+    (empty when it ran no batch); those means of every update."""
     return {
-        "lags": [],
+        "lag": 0.0,
         "wait_s": 0.0,
         "learn_s": 0.0,
         "losses": torch.zeros(3),
@@ -956,7 +959,7 @@ def learner_scalars(progress: dict, stats: dict, optimizer, full_q) -> dict:
     scalars = {
         "charts/learning_rate": optimizer.param_groups[0]["lr"],
         "charts/SPS": progress["global_step"] / progress["train_time_s"],
-        "charts/policy_lag": stats["lags"][-1],
+        "charts/policy_lag": stats["lag"],
         "stats/learner_wait_s": stats["wait_s"],
         "stats/learn_time_s": stats["learn_s"],
         "stats/full_queue": full_q.qsize(),
@@ -1030,6 +1033,9 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
             f"{as_typed(flag, recorded[flag])} (now {as_typed(flag, value)})" for flag, value in changed.items()
         )
         fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
+    # checkpoints written before the policy lag was kept: its mean covers the updates since this resume
+    checkpoint.setdefault("policy_lag_sum", 0.0)
+    checkpoint.setdefault("policy_lag_updates", 0)
     missing = sorted(set(progress) - set(checkpoint))
     if missing:
         fail(
@@ -1157,7 +1163,7 @@ def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float
     # the evaluation counts in wall time only
     advance_clock(progress, clock, training=False)
     recent = progress["recent_returns"]
-    lags = stats["lags"]
+    lag_sum = progress["policy_lag_sum"]
     summary = {
         "algo": "seed",
         "env_id": args.env_id,
@@ -1175,8 +1181,7 @@ def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float
         "train_return_last20": float(np.mean(recent)) if recent else None,
         "time_to_threshold_s": progress["time_to_threshold_s"],
         "threshold_step": progress["threshold_step"],
-        # None: resumed with no update left
-        "policy_lag_mean": float(np.mean(lags)) if lags else None,
+        "policy_lag_mean": lag_sum / progress["policy_lag_updates"] if progress["policy_lag_updates"] else None,
         **{key: float(np.mean(means)) if means else None for key, means in stats["inference_means"].items()},
         "params_sha256": hashlib.sha256(flat_params(agent).numpy().tobytes()).hexdigest(),
     }
@@ -1367,7 +1372,9 @@ def main(args: Args) -> int:
             progress["update"] = update + 1
             progress["global_step"] += args.batch_size * args.unroll_length
             clock = advance_clock(progress, clock)
-            stats["lags"].append(update - versions.double().mean().item())
+            stats["lag"] = update - versions.double().mean().item()
+            progress["policy_lag_sum"] += stats["lag"]
+            progress["policy_lag_updates"] += 1
             stats["wait_s"] = learn_start - wait_start
             stats["learn_s"] = learn_end - learn_start
             stats["losses"] = losses

@@ -123,6 +123,19 @@ def test_a_checkpoint_without_a_configuration_is_taken_as_this_runs(name, tmp_pa
     assert module.read_checkpoint(str(path), progress)["config"] == progress["config"]
 
 
+@pytest.mark.parametrize("name", ["impala", "seed"])
+def test_a_checkpoint_from_before_the_whole_run_policy_lag_is_taken_with_the_lag_counted_from_the_resume(
+    name, tmp_path
+):
+    module = load_algo(name)
+    progress = progress_of(name)
+    path = tmp_path / "checkpoint.pt"
+    lagless = {key: value for key, value in progress.items() if not key.startswith("policy_lag")}
+    path.write_bytes(saved({**lagless, "update": 30}))
+    checkpoint = module.read_checkpoint(str(path), progress)
+    assert (checkpoint["update"], checkpoint["policy_lag_sum"], checkpoint["policy_lag_updates"]) == (30, 0.0, 0)
+
+
 @pytest.mark.parametrize("name", ALGOS)
 def test_save_checkpoint_writes_what_read_checkpoint_takes(name, tmp_path):
     module = load_algo(name)

@@ -1,6 +1,8 @@
 """IMPALA (algos/impala.py). The pure functions (V-trace, loss, networks) are the same text in
 algos/seed.py, so their tests run on both files; tests/test_seed.py covers what differs."""
 
+import os
+import signal
 import time
 
 import numpy as np
@@ -14,6 +16,7 @@ from conftest import (
     check_ok,
     load_algo,
     sigterm_then_resume,
+    wait_for,
 )
 
 impala = load_algo("impala")
@@ -279,6 +282,34 @@ def test_deterministic_mode_is_bitwise(runner):
     wa = torch.load(runner.run_dir("CartPole-v1", "a") / "model.pt", weights_only=True)
     wb = torch.load(runner.run_dir("CartPole-v1", "b") / "model.pt", weights_only=True)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_deterministic_mode_resumed_at_a_restart_point_is_bitwise_the_uninterrupted_run(runner):
+    """A run killed (no checkpoint of its own) and resumed from its last periodic checkpoint, a restart point,
+    ends with the uninterrupted run's summary (less timing; params_sha256 is its weights), bit for bit."""
+    every = 10
+    args = ["--deterministic", "--num-envs", 4, "--num-actors", 2, "--total-timesteps", 32000]
+    args += ["--checkpoint-every", every]
+    check_ok(runner.run("impala", *args, "--exp-name", "whole"))
+    proc = runner.start("impala", *args, "--exp-name", "cut")
+    checkpoint = runner.run_dir("CartPole-v1", "cut") / "checkpoint.pt"
+    try:
+        assert wait_for(checkpoint.exists, 60), "no checkpoint"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert not (runner.run_dir("CartPole-v1", "cut") / "summary.json").exists(), "the run ended before the kill"
+    update = torch.load(checkpoint, weights_only=True)["update"]
+    assert update % every == 0 and update < 32000 // 640
+    resumed = runner.run("impala", *args, "--exp-name", "cut", "--resume")
+    check_ok(resumed)
+    assert f"update {update + 1}/50 " in resumed.stdout.splitlines()[0], resumed.stdout[:500]  # resumed, not anew
+    whole, cut = runner.summary("CartPole-v1", "whole"), runner.summary("CartPole-v1", "cut")
+    assert {k: v for k, v in whole.items() if k not in LAUNCH_KEYS} == {
+        k: v for k, v in cut.items() if k not in LAUNCH_KEYS
+    }
+    # one update old, but for the first round after the start and after each restart point
+    assert whole["policy_lag_mean"] == pytest.approx((50 - 5) / 50)
 
 
 def test_sigterm_checkpoint_resume(runner):
