@@ -94,9 +94,10 @@ class Args:
     deterministic: bool = False
     """actors act with the parameters of exactly one update ago and unrolls are consumed in a fixed
     order: bitwise reproducible on CPU, at the price of actors waiting for the learner"""
-    checkpoint_every: int = 0
-    """write runs/<run_name>/checkpoint.pt every this many updates (0: on signals only); with
-    --deterministic each of them is a restart point: the actors start afresh there"""
+    restart_every: int = 0
+    """with --deterministic: every this many updates the actors start afresh (a restart point), so that
+    a checkpoint written there resumes bitwise as the uninterrupted run (0: only at the start)"""
+    checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many updates (0: on signals only)
     resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
     collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
     actor_timeout: float = 60.0  # seconds a local actor may fall silent (stopped, hung; 5x that to start): the job ends
@@ -131,10 +132,12 @@ def validate(args: Args) -> None:
     if args.actor_timeout < 2:
         fail("actor_timeout", f"must be at least 2 s, got {args.actor_timeout}")
     not_negative = ["torch_threads", "env_threads", "num_actors", "num_buffers", "checkpoint_every", "ent_coef"]
-    not_negative += ["vf_coef"]
+    not_negative += ["vf_coef", "restart_every"]
     for name in not_negative:
         if getattr(args, name) < 0:
             fail(name, f"must not be negative, got {getattr(args, name)}")
+    if args.restart_every and not args.deterministic:
+        fail("restart_every", "needs --deterministic (its restart points make resumes bitwise)")
     for name in ["gamma", "vtrace_lambda", "rmsprop_alpha"]:
         if not 0.0 < getattr(args, name) <= 1.0:
             fail(name, f"must be in (0, 1], got {getattr(args, name)}")
@@ -202,10 +205,10 @@ def env_seed(args: Args, actor: int, update: int) -> int:
 
 
 def restart_point(args: Args, update: int) -> bool:
-    """Deterministic mode: every checkpoint of --checkpoint-every is a restart point, where the actors
-    start afresh (new envs seeded for it, sampling reseeded, the parameters of that very update) in
-    every run alike, so that a run resumed from it goes on bitwise as the uninterrupted one."""
-    return args.deterministic and args.checkpoint_every > 0 and update % args.checkpoint_every == 0
+    """Deterministic mode: every --restart-every-th update, the actors start afresh (new envs seeded
+    for it, sampling reseeded, the parameters of that very update) in every run alike, so that a run
+    resumed from a checkpoint there goes on bitwise as the uninterrupted one."""
+    return args.deterministic and args.restart_every > 0 and update % args.restart_every == 0
 
 
 # ----------------------------------------------------------------------------------------------- networks
@@ -1029,6 +1032,7 @@ def run_config(args: Args) -> dict:
         "num_actors",
         "num_buffers",
         "deterministic",
+        "restart_every",
         "checkpoint_every",
         "resume",
         "collective_timeout",

@@ -104,6 +104,8 @@ BAD = {
         (["--deterministic", "--num-actors", 3], "num-actors"),
         (["--num-buffers", 1, "--batch-size", 16], "num-buffers"),
         (["--max-grad-norm", 0], "max-grad-norm"),
+        (["--restart-every", 5], "restart-every"),  # restart points are the deterministic mode's
+        (["--deterministic", "--restart-every", -1], "restart-every"),
     ],
     "seed": [
         (["--seed", -1], "seed"),
