@@ -879,7 +879,9 @@ def take_block(args: Args, buffers: dict, index: int, replay, free_q, epsilon, p
     progress["global_step"] += args.block_length * args.num_envs
     # a version no longer listed is older than any listed one: the lag is at least the oldest's
     versions = stats["versions"]
-    stats["lags"].append(progress["update"] - versions.get(version, min(versions.values())))
+    stats["lag"] = progress["update"] - versions.get(version, min(versions.values()))
+    progress["policy_lag_sum"] += stats["lag"]
+    progress["policy_lag_count"] += 1
     ended = ~torch.isnan(episode_return)
     episode_epsilon = epsilon[actor].expand_as(ended)[ended].tolist()
     return list(zip(episode_return[ended].tolist(), episode_length[ended].tolist(), episode_epsilon, strict=True))
@@ -989,6 +991,9 @@ def new_progress(config: dict) -> dict:
         "time_to_threshold_s": None,
         "threshold_step": None,
         "recent_returns": deque(maxlen=20),
+        # the policy lag summed over the blocks counted: its whole-run mean in summary.json
+        "policy_lag_sum": 0.0,
+        "policy_lag_count": 0,
         "config": config,
         "segment": 0,
     }
@@ -996,12 +1001,12 @@ def new_progress(config: dict) -> dict:
 
 def new_stats(progress: dict) -> dict:
     """This segment's learner counters: blocks taken, published versions (version -> learner updates
-    behind it, for the policy lag), lags, replay insert and sample work, learner compute, the last
-    batch's losses."""
+    behind it, for the policy lag), the last block's lag, replay insert and sample work, learner
+    compute, the last batch's losses."""
     return {
         "blocks": 0,
         "versions": {0: progress["update"]},
-        "lags": [],
+        "lag": 0,
         "insert_s": 1e-9,
         "inserted": 0,
         "sample_s": 1e-9,
@@ -1057,7 +1062,7 @@ def learner_scalars(progress: dict, stats: dict, optimizer, replay, full_q) -> d
     train_time = max(progress["train_time_s"], 1e-9)
     return {
         "charts/SPS": progress["global_step"] / train_time,
-        "charts/policy_lag": stats["lags"][-1],
+        "charts/policy_lag": stats["lag"],
         "charts/learning_rate": optimizer.param_groups[0]["lr"],
         "losses/td_loss": stats["losses"][0].item(),
         "losses/abs_td_error": stats["losses"][1].item(),
@@ -1133,6 +1138,9 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
             f"{as_typed(flag, recorded[flag])} (now {as_typed(flag, value)})" for flag, value in changed.items()
         )
         fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
+    # checkpoints written before the policy lag was kept: its mean covers the blocks since this resume
+    checkpoint.setdefault("policy_lag_sum", 0.0)
+    checkpoint.setdefault("policy_lag_count", 0)
     missing = sorted(set(progress) - set(checkpoint))
     if missing:
         fail(
@@ -1265,6 +1273,7 @@ def write_summary(args, q_net, writer, progress: dict, clock: float, device, run
     # the evaluation counts in wall time only
     advance_clock(progress, clock, training=False)
     recent = progress["recent_returns"]
+    lag_sum = progress["policy_lag_sum"]
     summary = {
         "algo": "apex",
         "env_id": args.env_id,
@@ -1286,7 +1295,7 @@ def write_summary(args, q_net, writer, progress: dict, clock: float, device, run
         "train_return_last20": float(np.mean(recent)) if recent else None,
         "threshold_step": progress["threshold_step"],
         "time_to_threshold_s": progress["time_to_threshold_s"],
-        "policy_lag_mean": float(np.mean(stats["lags"])) if stats["lags"] else None,
+        "policy_lag_mean": lag_sum / progress["policy_lag_count"] if progress["policy_lag_count"] else None,
         "replay_inserts_per_s": stats["inserted"] / stats["insert_s"],
         "replay_samples_per_s": stats["sampled"] / stats["sample_s"],
         "learner_updates_per_s": progress["update"] / progress["train_time_s"],

@@ -863,7 +863,7 @@ def new_progress(config: dict) -> dict:
         "recent_returns": deque(maxlen=20),
         # the policy lag summed over the updates counted: its whole-run mean in summary.json
         "policy_lag_sum": 0.0,
-        "policy_lag_updates": 0,
+        "policy_lag_count": 0,
         "config": config,
     }
 
@@ -994,7 +994,7 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
         fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
     # checkpoints written before the policy lag was kept: its mean covers the updates since this resume
     checkpoint.setdefault("policy_lag_sum", 0.0)
-    checkpoint.setdefault("policy_lag_updates", 0)
+    checkpoint.setdefault("policy_lag_count", 0)
     missing = sorted(set(progress) - set(checkpoint))
     if missing:
         fail(
@@ -1139,7 +1139,7 @@ def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float
         "train_return_last20": float(np.mean(recent)) if recent else None,
         "time_to_threshold_s": progress["time_to_threshold_s"],
         "threshold_step": progress["threshold_step"],
-        "policy_lag_mean": lag_sum / progress["policy_lag_updates"] if progress["policy_lag_updates"] else None,
+        "policy_lag_mean": lag_sum / progress["policy_lag_count"] if progress["policy_lag_count"] else None,
         "params_sha256": hashlib.sha256(flat_params(agent).numpy().tobytes()).hexdigest(),
     }
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
@@ -1289,7 +1289,7 @@ def main(args: Args) -> int:
             clock = advance_clock(progress, clock)
             stats["lag"] = update - versions.double().mean().item()
             progress["policy_lag_sum"] += stats["lag"]
-            progress["policy_lag_updates"] += 1
+            progress["policy_lag_count"] += 1
             stats["wait_s"] = learn_start - wait_start
             stats["learn_s"] = learn_end - learn_start
             stats["losses"] = losses

@@ -885,33 +885,37 @@ def new_progress(config: dict) -> dict:
         "recent_returns": deque(maxlen=20),
         # the policy lag summed over the updates counted: its whole-run mean in summary.json
         "policy_lag_sum": 0.0,
-        "policy_lag_updates": 0,
+        "policy_lag_count": 0,
+        # the inference thread's per-update means summed over the updates that ran a batch, and their count
+        "inference_sums": {key: 0.0 for key in ["inference_batch_mean", "inference_latency_ms", "actor_wait_ms"]},
+        "inference_count": 0,
         "config": config,
     }
 
 
 def new_stats() -> dict:
-    """This segment's learner figures: the last update's policy lag, its wait for its batch, its
-    compute, its losses and the means of the inference thread's figures since the update before
-    (empty when it ran no batch); those means of every update."""
+    """The last update's learner figures: its policy lag, its wait for its batch, its compute, its
+    losses and the means of the inference thread's figures since the update before (empty when it
+    ran no batch)."""
     return {
         "lag": 0.0,
         "wait_s": 0.0,
         "learn_s": 0.0,
         "losses": torch.zeros(3),
         "inference": {},
-        "inference_means": {"inference_batch_mean": [], "inference_latency_ms": [], "actor_wait_ms": []},
     }
 
 
-def take_inference_stats(control: dict, stats: dict) -> None:
+def take_inference_stats(control: dict, stats: dict, progress: dict) -> None:
     """The inference thread's figures since the last update (batch size, latency, the actors'
-    waits), as means."""
+    waits), as means, added to the whole-run sums."""
     since = control["stats"]
     control["stats"] = {key: [] for key in since}
     stats["inference"] = {key: float(np.mean(values)) for key, values in since.items() if values}
-    for key, value in stats["inference"].items():
-        stats["inference_means"][key].append(value)
+    if stats["inference"]:
+        progress["inference_count"] += 1
+        for key, value in stats["inference"].items():
+            progress["inference_sums"][key] += value
 
 
 def start_clock(progress: dict) -> float:
@@ -1035,7 +1039,9 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
         fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
     # checkpoints written before the policy lag was kept: its mean covers the updates since this resume
     checkpoint.setdefault("policy_lag_sum", 0.0)
-    checkpoint.setdefault("policy_lag_updates", 0)
+    checkpoint.setdefault("policy_lag_count", 0)
+    checkpoint.setdefault("inference_sums", progress["inference_sums"])
+    checkpoint.setdefault("inference_count", 0)
     missing = sorted(set(progress) - set(checkpoint))
     if missing:
         fail(
@@ -1153,7 +1159,7 @@ def close_writer(args: Args, writer: SummaryWriter) -> None:
         wandb.finish()
 
 
-def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float, device, run_dir: str, stats: dict):
+def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float, device, run_dir: str):
     """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with
     --save-model, the weights."""
     video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
@@ -1164,6 +1170,7 @@ def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float
     advance_clock(progress, clock, training=False)
     recent = progress["recent_returns"]
     lag_sum = progress["policy_lag_sum"]
+    count = progress["inference_count"]
     summary = {
         "algo": "seed",
         "env_id": args.env_id,
@@ -1181,8 +1188,8 @@ def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float
         "train_return_last20": float(np.mean(recent)) if recent else None,
         "time_to_threshold_s": progress["time_to_threshold_s"],
         "threshold_step": progress["threshold_step"],
-        "policy_lag_mean": lag_sum / progress["policy_lag_updates"] if progress["policy_lag_updates"] else None,
-        **{key: float(np.mean(means)) if means else None for key, means in stats["inference_means"].items()},
+        "policy_lag_mean": lag_sum / progress["policy_lag_count"] if progress["policy_lag_count"] else None,
+        **{key: total / count if count else None for key, total in progress["inference_sums"].items()},
         "params_sha256": hashlib.sha256(flat_params(agent).numpy().tobytes()).hexdigest(),
     }
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
@@ -1374,11 +1381,11 @@ def main(args: Args) -> int:
             clock = advance_clock(progress, clock)
             stats["lag"] = update - versions.double().mean().item()
             progress["policy_lag_sum"] += stats["lag"]
-            progress["policy_lag_updates"] += 1
+            progress["policy_lag_count"] += 1
             stats["wait_s"] = learn_start - wait_start
             stats["learn_s"] = learn_end - learn_start
             stats["losses"] = losses
-            take_inference_stats(control, stats)
+            take_inference_stats(control, stats, progress)
             record_returns(progress, [episode_return for episode_return, _ in finished], threshold)
             log_update(writer, progress, finished, learner_scalars(progress, stats, optimizer, full_q))
             last_print = print_progress(progress, args.num_updates, last_print)
@@ -1396,7 +1403,7 @@ def main(args: Args) -> int:
             # the actors' CPU is the evaluation's now
             for process in actors:
                 process.kill()
-            write_summary(args, agent, writer, progress, clock, device, run_dir, stats)
+            write_summary(args, agent, writer, progress, clock, device, run_dir)
     except ActorDied as e:
         print(f"{os.path.basename(sys.argv[0])}: error: {e}; stopping", file=sys.stderr, flush=True)
         exit_code = 1

@@ -123,7 +123,7 @@ def test_a_checkpoint_without_a_configuration_is_taken_as_this_runs(name, tmp_pa
     assert module.read_checkpoint(str(path), progress)["config"] == progress["config"]
 
 
-@pytest.mark.parametrize("name", ["impala", "seed"])
+@pytest.mark.parametrize("name", ["apex", "impala", "r2d2", "seed"])
 def test_a_checkpoint_from_before_the_whole_run_policy_lag_is_taken_with_the_lag_counted_from_the_resume(
     name, tmp_path
 ):
@@ -133,7 +133,7 @@ def test_a_checkpoint_from_before_the_whole_run_policy_lag_is_taken_with_the_lag
     lagless = {key: value for key, value in progress.items() if not key.startswith("policy_lag")}
     path.write_bytes(saved({**lagless, "update": 30}))
     checkpoint = module.read_checkpoint(str(path), progress)
-    assert (checkpoint["update"], checkpoint["policy_lag_sum"], checkpoint["policy_lag_updates"]) == (30, 0.0, 0)
+    assert (checkpoint["update"], checkpoint["policy_lag_sum"], checkpoint["policy_lag_count"]) == (30, 0.0, 0)
 
 
 @pytest.mark.parametrize("name", ALGOS)
