@@ -613,11 +613,14 @@ def actor_loop(
     num_envs = args.num_envs
     agent = Agent(spec.observation_space.shape, spec.action_space.n, args.network, args.use_lstm)
     flat = flat_params(agent)
-    unrolls_per_round = args.unrolls_per_batch // args.num_actors
+    # deterministic mode: each actor's share of a batch (validate makes the actors divide it); the default mode may
+    # have more actors than a batch has unrolls, and does not use it
+    unrolls_per_round = max(1, args.unrolls_per_batch // args.num_actors)
     loaded = -1
     sequence = 0
     envs = None
     while True:
+        # deterministic mode: the update whose batch this unroll joins
         round_ = start_update + sequence // unrolls_per_round
         # a start, or a restart point (deterministic mode): envs, sampling and episodes begin afresh
         if envs is None or (sequence % unrolls_per_round == 0 and restart_point(args, round_)):

@@ -265,6 +265,12 @@ def test_default_actor_count_fits_any_core_count(monkeypatch, cpus):
         m.validate(args)  # would exit 2 if the count did not divide
 
 
+def test_default_mode_runs_more_actors_than_a_batch_has_unrolls(runner):
+    """6 actors for the 4 unrolls of a default batch (32 env unrolls, 8 envs an actor), as many-core machines get."""
+    check_ok(runner.run("impala", "--num-actors", 6, "--total-timesteps", 3200, "--eval-episodes", 1))
+    assert runner.summary("CartPole-v1", "impala")["num_actors"] == 6
+
+
 def test_deterministic_mode_runs_with_defaults(runner):
     check_ok(runner.run("impala", "--deterministic", "--total-timesteps", 3200))
     m = load_algo("impala")
