@@ -877,6 +877,14 @@ def new_stats() -> dict:
     return {"lag": 0.0, "wait_s": 0.0, "learn_s": 0.0, "losses": torch.zeros(3)}
 
 
+def record_lag(progress: dict, stats: dict, lag: float) -> None:
+    """The policy lag of an update (learner version minus the batch's mean version): the last one for
+    the logs, the whole-run sum for the summary."""
+    stats["lag"] = lag
+    progress["policy_lag_sum"] += lag
+    progress["policy_lag_count"] += 1
+
+
 def start_clock(progress: dict) -> float:
     """Training starts now: add this segment's start-up (process start to now) to the whole-run
     times."""
@@ -1290,9 +1298,7 @@ def main(args: Args) -> int:
             progress["update"] = update + 1
             progress["global_step"] += int(counters[0])
             clock = advance_clock(progress, clock)
-            stats["lag"] = update - versions.double().mean().item()
-            progress["policy_lag_sum"] += stats["lag"]
-            progress["policy_lag_count"] += 1
+            record_lag(progress, stats, update - versions.double().mean().item())
             stats["wait_s"] = learn_start - wait_start
             stats["learn_s"] = learn_end - learn_start
             stats["losses"] = losses

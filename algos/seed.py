@@ -918,6 +918,14 @@ def take_inference_stats(control: dict, stats: dict, progress: dict) -> None:
             progress["inference_sums"][key] += value
 
 
+def record_lag(progress: dict, stats: dict, lag: float) -> None:
+    """The policy lag of an update (learner version minus the batch's mean version): the last one for
+    the logs, the whole-run sum for the summary."""
+    stats["lag"] = lag
+    progress["policy_lag_sum"] += lag
+    progress["policy_lag_count"] += 1
+
+
 def start_clock(progress: dict) -> float:
     """Training starts now: add this segment's start-up (process start to now) to the whole-run
     times."""
@@ -1379,9 +1387,7 @@ def main(args: Args) -> int:
             progress["update"] = update + 1
             progress["global_step"] += args.batch_size * args.unroll_length
             clock = advance_clock(progress, clock)
-            stats["lag"] = update - versions.double().mean().item()
-            progress["policy_lag_sum"] += stats["lag"]
-            progress["policy_lag_count"] += 1
+            record_lag(progress, stats, update - versions.double().mean().item())
             stats["wait_s"] = learn_start - wait_start
             stats["learn_s"] = learn_end - learn_start
             stats["losses"] = losses
