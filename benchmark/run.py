@@ -163,6 +163,8 @@ SUITES = {
         "apex_60k": [*APEX, "--total-timesteps", "60000"],
         "impala_150k": [PY, str(ROOT / "algos/impala.py"), "--seed", "{seed}", "--exp-name", "bench"]
         + ["--total-timesteps", "150000"],
+        "impala_250k": [PY, str(ROOT / "algos/impala.py"), "--seed", "{seed}", "--exp-name", "bench"]
+        + ["--total-timesteps", "250000"],
         "seed_100k": [PY, str(ROOT / "algos/seed.py"), "--seed", "{seed}", "--exp-name", "bench"]
         + ["--total-timesteps", "100000"],
         "fedpg_500k": [PY, str(ROOT / "algos/fedpg.py"), "--seed", "{seed}", "--exp-name", "bench"]

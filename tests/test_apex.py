@@ -3,8 +3,6 @@ schedule, n-step targets, double-Q TD errors, the sum tree and proportional prio
 blocks and learning with the defaults; and the smoke/torchrun/determinism/failure runs of Ape-X and R2D2
 (algos/r2d2.py, which runs on the same actors, replay and links)."""
 
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -13,10 +11,11 @@ from conftest import (
     LEARNED_FLOOR,
     SUMMARY_KEYS,
     assert_solves,
+    assert_video_of_the_first_eval_episode,
     check_ok,
     load_algo,
-    sigterm_then_resume,
     start_actor,
+    updates_allowed,
 )
 
 apex = load_algo("apex")
@@ -322,16 +321,9 @@ def test_actor_blocks_are_n_step_transitions_of_one_stream(monkeypatch):
 ALGOS = ["apex", "r2d2"]  # R2D2 runs on Ape-X's actors, replay and links: the runs below are shared
 
 
-def updates_allowed(name: str, steps: int, starts: int = -1) -> int:
-    """Learner updates the rate limit allows after `steps` environment steps of a run segment (starts: learning_starts,
-    -1 for the default)."""
-    defaults = load_algo(name).Args()
-    return max(0, math.ceil((steps - (defaults.learning_starts if starts < 0 else starts)) / defaults.steps_per_update))
-
-
 @pytest.mark.parametrize("name", ALGOS)
 def test_smoke_two_actors(runner, name):
-    check_ok(runner.run(name, *FAST, "--num-actors", 2))
+    check_ok(runner.run(name, *FAST, "--num-actors", 2, "--eval-episodes", 3, "--capture-video"))
     s = runner.summary("CartPole-v1", name)
     assert SUMMARY_KEYS <= s.keys() and s["algo"] == name and s["num_actors"] == 2
     assert 6144 <= s["global_step"] < 6144 + 2 * 1024 and s["learner_updates"] == updates_allowed(
@@ -339,7 +331,7 @@ def test_smoke_two_actors(runner, name):
     )
     assert s["policy_lag_mean"] > 0  # actors fill blocks ahead of the learner's updates
     assert s["replay_inserts_per_s"] > 0 and s["replay_samples_per_s"] > 0
-    assert list(runner.run_dir("CartPole-v1", name).glob("events.*"))
+    assert_video_of_the_first_eval_episode(runner.run_dir("CartPole-v1", name))
 
 
 @pytest.mark.parametrize("name", ALGOS)
@@ -391,14 +383,3 @@ def test_deterministic_mode_is_bitwise(runner, name):
     wa = torch.load(runner.run_dir("CartPole-v1", "a") / "model.pt", weights_only=True)
     wb = torch.load(runner.run_dir("CartPole-v1", "b") / "model.pt", weights_only=True)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
-
-
-@pytest.mark.parametrize("name", ALGOS)
-def test_sigterm_checkpoint_resume(runner, name):
-    """The resumed run continues the checkpoint's counters (updates, steps) and refills its replay, so it makes
-    fewer updates than an uninterrupted run (learning_starts again) but more than the resumed segment alone."""
-    s = sigterm_then_resume(runner, name, "CartPole-v1", "--total-timesteps", 20000)
-    ckpt = torch.load(runner.run_dir("CartPole-v1", "cut") / "checkpoint.pt", weights_only=True)
-    assert 0 < ckpt["global_step"] < s["global_step"] and ckpt["update"] == updates_allowed(name, ckpt["global_step"])
-    assert s["learner_updates"] == ckpt["update"] + updates_allowed(name, s["global_step"] - ckpt["global_step"])
-    assert s["learner_updates"] < updates_allowed(name, s["global_step"])  # an uninterrupted run's count

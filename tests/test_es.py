@@ -13,9 +13,9 @@ from conftest import (
     SUMMARY_KEYS,
     assert_same_result,
     assert_solves,
+    assert_video_of_the_first_eval_episode,
     check_ok,
     load_algo,
-    sigterm_and_resume,
 )
 
 es = load_algo("es")
@@ -138,11 +138,14 @@ def test_noise_indices_depend_on_seed_and_generation_only():
 
 # ------------------------------------------------------------------------------------------ whole runs
 def test_smoke_torchrun_two_workers(runner):
-    check_ok(runner.run("es", "--total-timesteps", 2000, "--eval-episodes", 2, "--save-model", nproc=2))
+    check_ok(
+        runner.run("es", "--total-timesteps", 2000, "--eval-episodes", 2, "--save-model", "--capture-video", nproc=2)
+    )
     s = runner.summary(ENV, "es")
     assert SUMMARY_KEYS <= s.keys() and s["algo"] == "es" and s["world_size"] == 2 and s["global_step"] >= 2000
     assert s["bytes_per_generation"] == 24 * (7 + 2 * 4) * 8 < s["gradient_bytes"]  # 24 pairs, CartPole: 4 features
     assert (runner.run_dir(ENV, "es") / "model.pt").exists()
+    assert_video_of_the_first_eval_episode(runner.run_dir(ENV, "es"))  # rank 0 evaluates
 
 
 def test_learns_cartpole_with_defaults(runner):
@@ -187,7 +190,3 @@ def test_mujoco_continuous_actions_run(runner):
         )
     )
     assert runner.summary("Hopper-v4", "es")["global_step"] >= 500
-
-
-def test_sigterm_checkpoint_and_resume_equal_uninterrupted(runner):
-    sigterm_and_resume(runner, "es", ENV, "--total-timesteps", 600_000, "--eval-episodes", 2)

@@ -11,9 +11,9 @@ from conftest import (
     SUMMARY_KEYS,
     assert_same_result,
     assert_solves,
+    assert_video_of_the_first_eval_episode,
     check_ok,
     load_algo,
-    sigterm_and_resume,
 )
 
 ga = load_algo("ga")
@@ -113,6 +113,7 @@ def test_smoke_torchrun_two_workers(runner):
             "--eval-episodes",
             2,
             "--save-model",
+            "--capture-video",
             nproc=2,
         )
     )
@@ -121,6 +122,7 @@ def test_smoke_torchrun_two_workers(runner):
     # per generation after the first: 7 mutants and 2 x 3 elite episodes, each table padded to 2 equal blocks
     assert s["bytes_per_generation"] == (8 + 6) * 24 < s["parameter_bytes"]
     assert torch.load(runner.run_dir(ENV, "ga") / "model.pt", weights_only=True)["seeds"] == s["elite_seeds"]
+    assert_video_of_the_first_eval_episode(runner.run_dir(ENV, "ga"))  # rank 0 evaluates the elite
 
 
 def test_learns_cartpole_with_defaults(runner):
@@ -218,7 +220,3 @@ def test_mujoco_continuous_actions_run(runner):
         )
     )
     assert runner.summary("Hopper-v4", "ga")["global_step"] >= 500
-
-
-def test_sigterm_checkpoint_and_resume_equal_uninterrupted(runner):  # decodes the parents from their seed lists
-    sigterm_and_resume(runner, "ga", ENV, "--total-timesteps", 500_000, "--eval-episodes", 2, "--elite-episodes", 10)

@@ -11,11 +11,12 @@ import torch
 import torch.multiprocessing as mp
 from conftest import (
     LAUNCH_KEYS,
+    LEARNED_FLOOR,
     SUMMARY_KEYS,
     assert_solves,
+    assert_video_of_the_first_eval_episode,
     check_ok,
     load_algo,
-    sigterm_then_resume,
     wait_for,
 )
 
@@ -234,11 +235,11 @@ def test_actor_fetches_parameters_after_waiting_for_a_buffer():
 
 
 def test_smoke_two_actors(runner):
-    check_ok(runner.run("impala", *FAST, "--num-actors", 2))
+    check_ok(runner.run("impala", *FAST, "--num-actors", 2, "--eval-episodes", 3, "--capture-video"))
     s = runner.summary("CartPole-v1", "impala")
     assert SUMMARY_KEYS <= s.keys() and s["algo"] == "impala" and s["num_actors"] == 2
     assert s["global_step"] == 12800 and s["policy_lag_mean"] >= 0
-    assert list(runner.run_dir("CartPole-v1", "impala").glob("events.*"))
+    assert_video_of_the_first_eval_episode(runner.run_dir("CartPole-v1", "impala"))
 
 
 def test_torchrun_two_ranks(runner):
@@ -247,8 +248,12 @@ def test_torchrun_two_ranks(runner):
     assert s["world_size"] == 2 and s["global_step"] == 12800
 
 
-def test_learns_cartpole_with_defaults(runner):
-    assert_solves(runner, "impala")
+def test_learns_cartpole_with_a_short_budget(runner):
+    """Under a third of the defaults' budget (conventions §9): with --total-timesteps 250000 the final evaluation
+    reached LEARNED_FLOOR on every one of 10 seeds (222-500, 4 of them 500, on the AMD EPYC; `python
+    benchmark/run.py learning_proofs`, learning_proofs_impala_cartpole.json). One of seeds 1-3 must reach it. Whether
+    the defaults end solved is the final-eval benchmark's question (docs/impala.md)."""
+    assert_solves(runner, "impala", "--total-timesteps", 250_000, threshold=LEARNED_FLOOR)
 
 
 @pytest.mark.parametrize("cpus", [1, 2, 3, 4, 16])
@@ -316,8 +321,3 @@ def test_deterministic_mode_resumed_at_a_restart_point_is_bitwise_the_uninterrup
     }
     # one update old, but for the first round after the start and after each restart point
     assert whole["policy_lag_mean"] == pytest.approx((50 - 5) / 50)
-
-
-def test_sigterm_checkpoint_resume(runner):
-    s = sigterm_then_resume(runner, "impala", "CartPole-v1", "--total-timesteps", 200000)
-    assert s["global_step"] == 200000 - 200000 % (impala.Args().batch_size * 20)

@@ -97,7 +97,7 @@ def test_torchrun_job_with_two_ranks(cluster, tmp_path):
 def test_preemption_checkpoints_requeues_and_resumes(cluster, tmp_path):
     """USR1 to the batch shell (what --signal=B:USR1@90 or a preempting scheduler sends): the ranks checkpoint, the
     job is requeued, starts again with --resume and finishes the run with whole-run figures."""
-    total = 600 * 256  # a whole number of updates (16 envs x 16 steps each)
+    total = 200 * 256  # a whole number of updates (16 envs x 16 steps each), some 10 s of training
     env = dict(cluster, NPROC="1", RDZV_PORT=str(free_port()))
     job = submit(env, tmp_path, "--nodes=1", TORCHRUN_SCRIPT, "--total-timesteps", total, "--eval-episodes", 2)
     log_path = tmp_path / f"slurm-ddppo-{job}.out"

@@ -2,7 +2,7 @@
 with exit code 2 and one line on stderr naming the argument, before anything starts. The table runs in-process
 through the files' own parser (tyro) and `validate`, which `main` calls before it creates a run folder, a worker or
 an environment; one case per file runs end to end as a user would (exit 2, one line, no runs/ folder, under 10 s).
-Bad checkpoints: tests/test_checkpoint_format.py."""
+Bad checkpoints: test_bad_checkpoint.py."""
 
 import time
 

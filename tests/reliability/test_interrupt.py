@@ -1,18 +1,32 @@
-"""Ctrl-C (SIGINT to the whole foreground process group, as a terminal sends it) stops every file cleanly: a
-checkpoint at the end of the current update, exit 0 within 10 s, no process left behind, nothing left in /dev/shm
-(docs/conventions.md §8). So does a signal during start-up, once the run has done its first update. The checkpoint
-a Ctrl-C wrote is then refused by a resume that changes a flag defining the run, and taken by one that changes only
-how the work is spread and how long the run goes, which restores its weights exactly."""
+"""Ctrl-C (SIGINT to the whole foreground process group, as a terminal sends it) and SIGTERM to the launcher alone
+(as `kill PID` or a scheduler sends it) stop every file cleanly: a checkpoint at the end of the current update, exit
+0 within 10 s, no process left behind, nothing left in /dev/shm (docs/conventions.md §8). So does a signal during
+start-up, once the run has done its first update. The checkpoint a Ctrl-C wrote is then refused by a resume that
+changes a flag defining the run, and taken by one that changes only how the work is spread and how long the run
+goes, which restores its weights exactly (and, given a budget already spent, only evaluates: the case of a signal
+during the last update). The checkpoint a SIGTERM wrote is resumed to a budget past it: the run trains on from the
+checkpoint's counters; where no episode spans the cut (ES, the GA, federated PG) it ends as the uninterrupted run,
+bit for bit."""
 
 import contextlib
 import json
 import os
+import re
 import signal
 import time
 
 import pytest
 import torch
-from conftest import descendants, load_algo, session_members, signal_once_training, wait_for
+from conftest import (
+    assert_same_result,
+    check_ok,
+    descendants,
+    load_algo,
+    session_members,
+    signal_once_training,
+    updates_allowed,
+    wait_for,
+)
 
 ALGOS = ["a3c", "apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"]
 # the files that fork workers, with two of them (the others run actors or ranks by default)
@@ -85,7 +99,9 @@ def assert_resume_refuses_other_flags(runner, name: str) -> None:
     only_evaluate = ["--total-timesteps", 1, "--eval-episodes", 1, "--save-model"]
     proc = runner.run(name, "--env-id", "CartPole-v1", "--resume", *only_evaluate, *spread)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads((checkpoint.parent / "summary.json").read_text())["global_step"] == saved["global_step"]
+    summary = json.loads((checkpoint.parent / "summary.json").read_text())
+    assert summary["global_step"] == saved["global_step"]
+    assert summary["sps"] > 0 and summary["train_time_s"] > 0  # whole-run figures, though this segment trained none
     assert_weights_are_the_checkpoints(name, torch.load(checkpoint.parent / "model.pt", weights_only=True), saved)
 
 
@@ -100,6 +116,83 @@ def assert_weights_are_the_checkpoints(name: str, model: dict, saved: dict) -> N
     else:
         assert model.keys() == saved["model"].keys()
         assert all(torch.equal(model[key], value) for key, value in saved["model"].items())
+
+
+# environment steps a run resumed after SIGTERM is given past its checkpoint: a few updates (generations, rounds)
+MORE = {
+    "a3c": 8000,
+    "apex": 3000,
+    "ddppo": 4096,
+    "es": 20000,
+    "fedpg": 20000,
+    "ga": 20000,
+    "impala": 12800,
+    "r2d2": 3000,
+    "seed": 3200,
+}
+
+
+@pytest.mark.parametrize("name", ALGOS)
+def test_sigterm_to_the_launcher_alone_checkpoints_and_a_resume_trains_on(runner, name):
+    """SIGTERM to the launcher alone stops the run as Ctrl-C does. Resumed with a budget a little past its
+    checkpoint, the run trains on from the checkpoint's counters (each progress line past its step) until the
+    budget is spent, and its times are whole-run figures (the first segment's included)."""
+    shared_memory_before = set(os.listdir("/dev/shm"))
+    with forever_run(runner, name) as proc:
+        out, seconds, _ = signal_once_training(runner, proc, lambda: os.kill(proc.pid, signal.SIGTERM), 30)
+        assert seconds < 10, f"took {seconds:.1f} s to stop"
+        assert_stopped_cleanly(runner, proc, out, shared_memory_before)
+    checkpoint = next(runner.cwd.glob("runs/*/checkpoint.pt"))
+    saved = torch.load(checkpoint, weights_only=True)
+    budget = saved["global_step"] + MORE[name]
+    resume = ["--env-id", "CartPole-v1", "--resume", "--total-timesteps", budget, "--eval-episodes", 2]
+    proc = runner.run(name, *resume, *EXTRA.get(name, []))
+    check_ok(proc)
+    steps = [int(step) for step in re.findall(r"global_step=(\d+)", proc.stdout)]
+    assert steps and min(steps) > saved["global_step"], proc.stdout[-2000:]
+    summary = json.loads((checkpoint.parent / "summary.json").read_text())
+    # the budget spent, to the file's last whole update (ES, the GA, federated PG: past it, to the end of a generation)
+    assert budget - MORE[name] < summary["global_step"], (summary["global_step"], budget)
+    for key in ["wall_time_s", "train_time_s", "startup_s"]:
+        assert summary[key] > saved[key] > 0, key
+    if name in ("apex", "r2d2"):
+        # the replay is not in the checkpoint: the resumed run refills it for --learning-starts steps before the
+        # learner updates again (fewer updates than an uninterrupted run), then at the rate limit
+        assert saved["update"] == updates_allowed(name, saved["global_step"])
+        resumed_steps = summary["global_step"] - saved["global_step"]
+        assert summary["learner_updates"] == saved["update"] + updates_allowed(name, resumed_steps)
+        assert summary["learner_updates"] < updates_allowed(name, summary["global_step"])
+
+
+# the files where no episode spans a cut (a generation or round ends them all): a resumed run is bitwise the
+# uninterrupted one; a budget of at least 8 times the 0.5 s wait on a 2-core machine, so that on a faster CPU the
+# signal still comes before the end
+BITWISE = {
+    "es": ["--total-timesteps", 600_000],
+    "fedpg": [
+        *["--total-timesteps", 250_000, "--aggregator", "fedpg-br"],
+        *["--num-byzantine", 3, "--attack", "sign-flip"],  # the filter's counts and the server's data cross the cut
+    ],
+    "ga": ["--total-timesteps", 500_000, "--elite-episodes", 10],  # decodes the parents from their seed lists
+}
+
+
+@pytest.mark.parametrize("name", sorted(BITWISE))
+def test_a_run_resumed_after_sigterm_ends_as_the_uninterrupted_run(runner, name):
+    """The run to its end ("whole"); again with 2 spawned workers ("cut"), SIGTERM once it has started, exit 0 with
+    a checkpoint and no summary; resumed with 2 workers (rank 0 reads the checkpoint and broadcasts it), it ends
+    with the whole run's summary."""
+    args = ["--env-id", "CartPole-v1", *BITWISE[name], "--eval-episodes", 2]
+    check_ok(runner.run(name, *args, "--exp-name", "whole"))
+    proc = runner.start(name, *args, "--exp-name", "cut", "--num-workers", 2)
+    assert wait_for(lambda: list(runner.run_dir("CartPole-v1", "cut").glob("events.*")), 60)
+    time.sleep(0.5)  # the workers install their signal handlers right after creating the event file
+    os.kill(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "checkpoint" in out, out
+    assert not (runner.run_dir("CartPole-v1", "cut") / "summary.json").exists(), "the run ended before the signal"
+    check_ok(runner.run(name, *args, "--exp-name", "cut", "--resume", "--num-workers", 2))
+    assert_same_result(runner.summary("CartPole-v1", "whole"), runner.summary("CartPole-v1", "cut"))
 
 
 # the moment start-up is under way: the first forked worker or actor exists (DD-PPO forks none: its run folder,
