@@ -127,7 +127,9 @@ def test_an_elastic_restart_resumes_from_the_checkpoint_and_finishes(runner, nam
         os.kill(max(ranks), signal.SIGKILL)
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, out[-3000:]
-        assert "failed (exitcode: -9)" in out, "no rank was lost: the budget ended first"
+        # torchrun logs the first failure it has on record: the killed rank's -9, or the exit 1 of a rank that saw
+        # it go first (SEED's learner, rank 0, when its remote actor, rank 1, is killed)
+        assert "failed (exitcode: " in out, "no rank was lost: the budget ended first"
         summary = runner.summary("CartPole-v1", name)
         # the budget, to the file's last whole update (DD-PPO: 93 x 256 of 24,000)
         assert budget * 0.97 <= summary["global_step"] and summary["world_size"] == 2
