@@ -273,6 +273,18 @@ def assert_same_result(a: dict, b: dict) -> None:
     assert {k: v for k, v in a.items() if k not in LAUNCH_KEYS} == {k: v for k, v in b.items() if k not in LAUNCH_KEYS}
 
 
+# the arguments of new_progress after the configuration, where it takes one (its keys do not depend on the value)
+PROGRESS_ARGS = {"es": [0]}
+
+
+def progress_of(name: str, **flags) -> dict:
+    """A fresh progress dict of `name` with the configuration of its default flags, less any given here (as
+    main() makes it before reading a checkpoint)."""
+    module = load_algo(name)
+    progress = module.new_progress(module.run_config(module.Args(**flags)), *PROGRESS_ARGS.get(name, []))
+    return {**progress, "recent_returns": list(progress["recent_returns"])}
+
+
 def updates_allowed(name: str, steps: int, starts: int = -1) -> int:
     """Learner updates the rate limit of Ape-X and R2D2 allows after `steps` environment steps of a run segment: none
     for learning_starts steps (`starts`, -1 for the default), then one per steps_per_update. The replay is not in a

@@ -10,24 +10,15 @@ import time
 
 import pytest
 import torch
-from conftest import load_algo
+from conftest import load_algo, progress_of
 
 ALGOS = ["a3c", "apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"]
-# the arguments of new_progress after the configuration, where it takes one (its keys do not depend on the value)
-PROGRESS_ARGS = {"es": [0]}
 
 
 def saved(payload) -> bytes:
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     return buffer.getvalue()
-
-
-def progress_of(name: str) -> dict:
-    """A fresh progress dict of `name` with the configuration of its default flags."""
-    module = load_algo(name)
-    progress = module.new_progress(module.run_config(module.Args()), *PROGRESS_ARGS.get(name, []))
-    return {**progress, "recent_returns": list(progress["recent_returns"])}
 
 
 def refused(runner, name: str, content: bytes, tmp_name: str, *extra) -> str:

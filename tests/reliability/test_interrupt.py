@@ -1,18 +1,18 @@
 """Ctrl-C (SIGINT to the whole foreground process group, as a terminal sends it) and SIGTERM to the launcher alone
 (as `kill PID` or a scheduler sends it) stop every file cleanly: a checkpoint at the end of the current update, exit
 0 within 10 s, no process left behind, nothing left in /dev/shm (docs/conventions.md §8). So does a signal during
-start-up, once the run has done its first update. The checkpoint a Ctrl-C wrote is then refused by a resume that
-changes a flag defining the run, and taken by one that changes only how the work is spread and how long the run
-goes, which restores its weights exactly (and, given a budget already spent, only evaluates: the case of a signal
-during the last update). The checkpoint a SIGTERM wrote is resumed to a budget past it: the run trains on from the
-checkpoint's counters; where no episode spans the cut (ES, the GA, federated PG) it ends as the uninterrupted run,
-bit for bit."""
+start-up, once the run has done its first update. A checkpoint is refused for a run with another value of a flag
+that defines it, and taken by a resume that changes only how the work is spread and how long the run goes: the run
+trains on from the checkpoint's counters, or, given a budget already spent, only evaluates with the checkpoint's
+weights (the case of a signal during the last update). Where no episode spans the cut (ES, the GA, federated PG) a
+run resumed after SIGTERM ends as the uninterrupted run, bit for bit."""
 
 import contextlib
 import json
 import os
 import re
 import signal
+import threading
 import time
 
 import pytest
@@ -22,6 +22,7 @@ from conftest import (
     check_ok,
     descendants,
     load_algo,
+    progress_of,
     session_members,
     signal_once_training,
     updates_allowed,
@@ -45,9 +46,11 @@ SPREAD = {
 
 
 @contextlib.contextmanager
-def forever_run(runner, name: str):
-    """A run of `name` on CartPole with no end in sight, in a session of its own (killed whole on the way out)."""
-    proc = runner.start(name, "--env-id", "CartPole-v1", "--total-timesteps", 10**8, *EXTRA.get(name, []))
+def forever_run(runner, name: str, *args):
+    """A run of `name` on CartPole with no end in sight, in a session of its own (killed whole on the way out), with
+    `args` (default: EXTRA's)."""
+    args = args or EXTRA.get(name, [])
+    proc = runner.start(name, "--env-id", "CartPole-v1", "--total-timesteps", 10**8, *args)
     try:
         yield proc
     finally:
@@ -67,42 +70,89 @@ def assert_stopped_cleanly(runner, proc, out: str, shared_memory_before: set) ->
 
 
 @pytest.mark.parametrize("name", ALGOS)
-def test_ctrl_c_checkpoints_and_exits_0(runner, name):
+def test_ctrl_c_and_then_sigterm_each_end_in_a_checkpoint_that_a_resume_goes_on_from(runner, name, capsys):
+    """Ctrl-C stops the run. Its checkpoint is refused for a run with another value of a flag that defines it, and
+    resumed with other process and thread counts and timeouts: the run trains on from the checkpoint's counters
+    (each progress line past its step), until SIGTERM to the launcher alone stops it as Ctrl-C did, with whole-run
+    times (the first segment's included). Resumed once more with a budget already spent, it only evaluates: the
+    case of a signal during the last update."""
     shared_memory_before = set(os.listdir("/dev/shm"))
     with forever_run(runner, name) as proc:
         out, seconds, _ = signal_once_training(runner, proc, lambda: os.killpg(proc.pid, signal.SIGINT), 30)
         assert seconds < 10, f"took {seconds:.1f} s to stop"
         assert_stopped_cleanly(runner, proc, out, shared_memory_before)
-    assert_resume_refuses_other_flags(runner, name)
-
-
-def assert_resume_refuses_other_flags(runner, name: str) -> None:
-    """The stopped run resumed with another value of a flag that defines it: exit 2 within 10 s, one line naming
-    the setting with the checkpoint's value and this run's, the checkpoint untouched."""
     checkpoint = next(runner.cwd.glob("runs/*/checkpoint.pt"))
+    first = torch.load(checkpoint, weights_only=True)
+    assert_other_flags_are_refused(name, checkpoint, capsys)
+
+    spread = SPREAD.get(name, ["--env-threads", 2, "--actor-timeout", 30])
+    with forever_run(runner, name, "--resume", *spread) as proc:
+        lines = follow(proc)
+        assert wait_for(lambda: progress_steps(lines) and max(progress_steps(lines)) > first["global_step"], 60), (
+            "".join(lines)[-2000:]
+        )
+        os.kill(proc.pid, signal.SIGTERM)
+        sent_at = time.monotonic()
+        proc.wait(timeout=30)
+        seconds = time.monotonic() - sent_at
+        out = "".join(lines)
+        assert seconds < 10, f"took {seconds:.1f} s to stop"
+        assert_stopped_cleanly(runner, proc, out, shared_memory_before)
+    assert min(progress_steps(lines)) > first["global_step"], out[-2000:]
+    second = torch.load(checkpoint, weights_only=True)
+    assert second["global_step"] > first["global_step"]
+    for key in ["wall_time_s", "train_time_s", "startup_s"]:
+        assert second[key] > first[key] > 0, key
+    if first["time_to_threshold_s"] is not None:  # reached before the cut: kept, not measured again
+        assert second["time_to_threshold_s"] == first["time_to_threshold_s"]
+    if name in ("apex", "r2d2"):
+        # the replay is not in the checkpoint: the resumed run refills it for --learning-starts steps before the
+        # learner updates again (fewer updates than an uninterrupted run), then at the rate limit
+        assert first["update"] == updates_allowed(name, first["global_step"])
+        resumed_steps = second["global_step"] - first["global_step"]
+        assert second["update"] == first["update"] + updates_allowed(name, resumed_steps)
+
+    # with a budget already spent it resumes and only evaluates: its counters and final weights are the
+    # checkpoint's, bit for bit, and its times whole-run figures, though this segment trained none
+    only_evaluate = ["--total-timesteps", 1, "--eval-episodes", 1, "--save-model"]
+    check_ok(runner.run(name, "--env-id", "CartPole-v1", "--resume", *only_evaluate, *EXTRA.get(name, [])))
+    summary = json.loads((checkpoint.parent / "summary.json").read_text())
+    assert summary["global_step"] == second["global_step"]
+    assert summary["sps"] > 0 and summary["train_time_s"] > 0
+    assert_weights_are_the_checkpoints(name, torch.load(checkpoint.parent / "model.pt", weights_only=True), second)
+
+
+def assert_other_flags_are_refused(name: str, checkpoint, capsys) -> None:
+    """The checkpoint read for a run with another value of a flag that defines the run (in-process: read_checkpoint
+    against that run's configuration, as main() calls it; the exit 2 with one line, end to end, is
+    test_bad_checkpoint.py's): exit 2, one line naming the setting with the checkpoint's value and the new one, the
+    checkpoint untouched."""
     content = checkpoint.read_bytes()
     flag, value = OTHER_FLAG.get(name, ["--learning-rate", 0.5])
     setting = flag[2:].replace("-", "_")
-    saved = torch.load(checkpoint, weights_only=True)
-    recorded = saved["config"][setting]
-    started = time.monotonic()
-    proc = runner.run(name, "--env-id", "CartPole-v1", "--resume", flag, value, *EXTRA.get(name, []))
-    seconds = time.monotonic() - started
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    recorded = torch.load(checkpoint, weights_only=True)["config"][setting]
+    with pytest.raises(SystemExit) as exit_info:
+        load_algo(name).read_checkpoint(str(checkpoint), progress_of(name, **{setting: value}))
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(lines) == 1, lines
     assert f"is of a run with {flag} {recorded} (now {flag} {value})" in lines[0], lines[0]
-    assert seconds < 10, f"took {seconds:.1f} s"
     assert checkpoint.read_bytes() == content
-    # with other process and thread counts, timeouts and a budget already spent, it resumes and only evaluates:
-    # its counters and final weights are the checkpoint's, bit for bit
-    spread = SPREAD.get(name, ["--env-threads", 2, "--actor-timeout", 30])
-    only_evaluate = ["--total-timesteps", 1, "--eval-episodes", 1, "--save-model"]
-    proc = runner.run(name, "--env-id", "CartPole-v1", "--resume", *only_evaluate, *spread)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    summary = json.loads((checkpoint.parent / "summary.json").read_text())
-    assert summary["global_step"] == saved["global_step"]
-    assert summary["sps"] > 0 and summary["train_time_s"] > 0  # whole-run figures, though this segment trained none
-    assert_weights_are_the_checkpoints(name, torch.load(checkpoint.parent / "model.pt", weights_only=True), saved)
+
+
+def follow(proc) -> list:
+    """The lines of a running job's output, appended by a thread as they come (so that a test can wait for one)."""
+    lines = []
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def progress_steps(lines: list) -> list:
+    return [int(step) for step in re.findall(r"global_step=(\d+)", "".join(lines))]
 
 
 def assert_weights_are_the_checkpoints(name: str, model: dict, saved: dict) -> None:
@@ -116,54 +166,6 @@ def assert_weights_are_the_checkpoints(name: str, model: dict, saved: dict) -> N
     else:
         assert model.keys() == saved["model"].keys()
         assert all(torch.equal(model[key], value) for key, value in saved["model"].items())
-
-
-# environment steps a run resumed after SIGTERM is given past its checkpoint: a few updates (generations, rounds)
-MORE = {
-    "a3c": 8000,
-    "apex": 3000,
-    "ddppo": 4096,
-    "es": 20000,
-    "fedpg": 20000,
-    "ga": 20000,
-    "impala": 12800,
-    "r2d2": 3000,
-    "seed": 3200,
-}
-
-
-@pytest.mark.parametrize("name", ALGOS)
-def test_sigterm_to_the_launcher_alone_checkpoints_and_a_resume_trains_on(runner, name):
-    """SIGTERM to the launcher alone stops the run as Ctrl-C does. Resumed with a budget a little past its
-    checkpoint, the run trains on from the checkpoint's counters (each progress line past its step) until the
-    budget is spent, and its times are whole-run figures (the first segment's included)."""
-    shared_memory_before = set(os.listdir("/dev/shm"))
-    with forever_run(runner, name) as proc:
-        out, seconds, _ = signal_once_training(runner, proc, lambda: os.kill(proc.pid, signal.SIGTERM), 30)
-        assert seconds < 10, f"took {seconds:.1f} s to stop"
-        assert_stopped_cleanly(runner, proc, out, shared_memory_before)
-    checkpoint = next(runner.cwd.glob("runs/*/checkpoint.pt"))
-    saved = torch.load(checkpoint, weights_only=True)
-    budget = saved["global_step"] + MORE[name]
-    resume = ["--env-id", "CartPole-v1", "--resume", "--total-timesteps", budget, "--eval-episodes", 2]
-    proc = runner.run(name, *resume, *EXTRA.get(name, []))
-    check_ok(proc)
-    steps = [int(step) for step in re.findall(r"global_step=(\d+)", proc.stdout)]
-    assert steps and min(steps) > saved["global_step"], proc.stdout[-2000:]
-    summary = json.loads((checkpoint.parent / "summary.json").read_text())
-    # the budget spent, to the file's last whole update (ES, the GA, federated PG: past it, to the end of a generation)
-    assert budget - MORE[name] < summary["global_step"], (summary["global_step"], budget)
-    for key in ["wall_time_s", "train_time_s", "startup_s"]:
-        assert summary[key] > saved[key] > 0, key
-    if saved["time_to_threshold_s"] is not None:  # reached before the cut: kept, not measured again
-        assert summary["time_to_threshold_s"] == saved["time_to_threshold_s"]
-    if name in ("apex", "r2d2"):
-        # the replay is not in the checkpoint: the resumed run refills it for --learning-starts steps before the
-        # learner updates again (fewer updates than an uninterrupted run), then at the rate limit
-        assert saved["update"] == updates_allowed(name, saved["global_step"])
-        resumed_steps = summary["global_step"] - saved["global_step"]
-        assert summary["learner_updates"] == saved["update"] + updates_allowed(name, resumed_steps)
-        assert summary["learner_updates"] < updates_allowed(name, summary["global_step"])
 
 
 # the files where no episode spans a cut (a generation or round ends them all): a resumed run is bitwise the

@@ -90,14 +90,14 @@ def test_a_killed_launcher_leaves_nothing_behind(runner, name, nproc):
 # Under `torchrun --max-restarts=1`: each file's budget (a few checkpoints' worth of training after the first), how
 # often it checkpoints, and the log line that only a run starting from scratch prints
 ELASTIC = {
-    "ddppo": (["--total-timesteps", 24_000, "--local-num-envs", 8, "--checkpoint-every", 3], "update 1/"),
-    "impala": (["--total-timesteps", 60_000, "--checkpoint-every", 5], "update 1/"),
-    "seed": (["--total-timesteps", 30_000, "--checkpoint-every", 10], "update 1/"),
-    "apex": (["--total-timesteps", 10_000, "--checkpoint-every", 30], "update 0 "),
+    "ddppo": (["--total-timesteps", 12_000, "--local-num-envs", 8, "--checkpoint-every", 3], "update 1/"),
+    "impala": (["--total-timesteps", 30_000, "--checkpoint-every", 5], "update 1/"),
+    "seed": (["--total-timesteps", 16_000, "--checkpoint-every", 10], "update 1/"),
+    "apex": (["--total-timesteps", 6_000, "--checkpoint-every", 30], "update 0 "),
     "r2d2": (["--total-timesteps", 6_000, "--checkpoint-every", 20], "update 0 "),
-    "es": (["--total-timesteps", 300_000, "--checkpoint-every", 2], "generation 1 "),
-    "ga": (["--total-timesteps", 400_000, "--checkpoint-every", 1], "generation 1 "),
-    "fedpg": (["--total-timesteps", 250_000, "--checkpoint-every", 1], "round 1 "),
+    "es": (["--total-timesteps", 200_000, "--checkpoint-every", 2], "generation 1 "),
+    "ga": (["--total-timesteps", 250_000, "--checkpoint-every", 1], "generation 1 "),
+    "fedpg": (["--total-timesteps", 150_000, "--checkpoint-every", 1], "round 1 "),
 }
 
 
@@ -131,7 +131,7 @@ def test_an_elastic_restart_resumes_from_the_checkpoint_and_finishes(runner, nam
         # it go first (SEED's learner, rank 0, when its remote actor, rank 1, is killed)
         assert "failed (exitcode: " in out, "no rank was lost: the budget ended first"
         summary = runner.summary("CartPole-v1", name)
-        # the budget, to the file's last whole update (DD-PPO: 93 x 256 of 24,000)
+        # the budget, to the file's last whole update (DD-PPO: 46 x 256 of 12,000)
         assert budget * 0.97 <= summary["global_step"] and summary["world_size"] == 2
         # the restarted ranks began at a checkpoint, not at the start: the first log line only once
         assert out.count(first_line) == 1, out[-3000:]
