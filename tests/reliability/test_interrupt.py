@@ -87,7 +87,7 @@ def test_ctrl_c_and_then_sigterm_each_end_in_a_checkpoint_that_a_resume_goes_on_
 
     spread = SPREAD.get(name, ["--env-threads", 2, "--actor-timeout", 30])
     with forever_run(runner, name, "--resume", *spread) as proc:
-        lines = follow(proc)
+        lines, reader = follow(proc)
         assert wait_for(lambda: progress_steps(lines) and max(progress_steps(lines)) > first["global_step"], 60), (
             "".join(lines)[-2000:]
         )
@@ -95,6 +95,7 @@ def test_ctrl_c_and_then_sigterm_each_end_in_a_checkpoint_that_a_resume_goes_on_
         sent_at = time.monotonic()
         proc.wait(timeout=30)
         seconds = time.monotonic() - sent_at
+        reader.join(timeout=10)
         out = "".join(lines)
         assert seconds < 10, f"took {seconds:.1f} s to stop"
         assert_stopped_cleanly(runner, proc, out, shared_memory_before)
@@ -139,16 +140,18 @@ def assert_other_flags_are_refused(name: str, checkpoint, capsys) -> None:
     assert checkpoint.read_bytes() == content
 
 
-def follow(proc) -> list:
-    """The lines of a running job's output, appended by a thread as they come (so that a test can wait for one)."""
+def follow(proc) -> tuple:
+    """The lines of a running job's output, appended by a thread as they come (so that a test can wait for one),
+    and the thread, which ends with the output."""
     lines = []
 
     def read():
         for line in proc.stdout:
             lines.append(line)
 
-    threading.Thread(target=read, daemon=True).start()
-    return lines
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return lines, reader
 
 
 def progress_steps(lines: list) -> list:
