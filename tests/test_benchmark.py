@@ -274,6 +274,34 @@ def test_memory_growth_is_the_slope_of_the_jobs_total_after_warm_up():
     assert summary["processes"] == 2
 
 
+def test_follow_samples_a_running_job_from_its_start_until_it_ends(tmp_path):
+    """A job already a second old, leader and one child in a session of their own: follow() writes a header naming
+    it, then samples of both processes with t counted from the leader's start, and returns once the job ends."""
+    import time
+
+    import memory
+
+    job = tmp_path / "job.py"
+    child = "import time; time.sleep(2)"
+    job.write_text(f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {child!r}]).wait()\n")
+    leader = subprocess.Popen([sys.executable, str(job), "--env-id", "Toy-v0"], start_new_session=True)
+    time.sleep(1.0)
+    out = tmp_path / "memory_job.jsonl"
+    memory.follow(leader.pid, 0.25, out)
+    assert leader.wait(timeout=5) == 0
+    record = memory.read_followed(out)["runs"][0]
+    assert record["algo"] == "job"
+    assert record["command"] == [str(job), "--env-id", "Toy-v0"]
+    times = [sample["t"] for sample in record["samples"]]
+    assert 0.9 <= times[0] < 1.6
+    assert times == sorted(times)
+    assert times[-1] < 4
+    assert {"main"} < set(record["samples"][2]["pss"])
+    assert all(rss > 1e6 for sample in record["samples"] for rss in sample["rss"].values())
+    memory.plot(out, tmp_path)
+    assert (tmp_path / "memory_job_toy.png").stat().st_size > 0
+
+
 def test_overview_panel_is_a_20_episode_mean_per_seed_or_the_logged_generation_means(tmp_path):
     import plot
 
