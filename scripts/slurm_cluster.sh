@@ -7,6 +7,8 @@
 # munged runs as the munge user (started here only when none runs); slurmctld and slurmd run as root with the
 # config in DIR, so /etc/slurm is left alone. The node has this machine's CPUs (nproc) and is idle within seconds.
 # Job credentials live 10 s (cred_expire; SLURM's default is 120 s): a requeued job may start again that soon.
+# Finished jobs stay listed until the cluster stops (MinJobAge=0; the default purges them after 300 s): then
+# `sbatch --wait` asks every 2 s whether a job has ended (with the default it waits 2, 8, 32, 32, ... s).
 set -euo pipefail
 action="${1:?usage: scripts/slurm_cluster.sh start|stop DIR}"
 dir="${2:?usage: scripts/slurm_cluster.sh start|stop DIR}"
@@ -60,6 +62,7 @@ TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SchedulerType=sched/backfill
+MinJobAge=0
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
