@@ -330,6 +330,8 @@ def measures(entry: str, seed: int, seed_dir: Optional[Path] = None) -> dict:
         "train_hours_to_18": float(train_hours[reached[0]]) if len(reached) else None,
         "best_mean20": float(means[full].max()) if full.any() else None,
         "eval_return_mean": summary.get("eval_return_mean"),
+        "eval_return_std": summary.get("eval_return_std"),
+        "startup_s": summary.get("startup_s"),
         "curve": {"steps": steps.tolist(), "train_hours": train_hours.tolist(), "mean20": means.tolist()},
     }
 
