@@ -78,7 +78,8 @@ class Args:
     epsilon_alpha: float = 7.0  # the exponent's spread alpha of the epsilon_i schedule (paper: 7)
     target_network_frequency: int = 250  # learner updates between copies to the target network (paper: 2500)
     max_grad_norm: float = 10.0  # global gradient-norm clip (paper: 40)
-    learning_starts: int = 1000  # environment steps before the learner starts (per run segment)
+    # environment steps before the learner starts (per run segment; with --restart-every, per run)
+    learning_starts: int = 1000
     steps_per_update: float = 8.0  # environment steps per learner update: the rate limit between actors and learner
     num_envs: int = 16  # environments stepped by each actor (each with its own epsilon_i)
     # steps of an actor's batch per block sent to the replay (block_length x num_envs transitions)
@@ -95,9 +96,15 @@ class Args:
     deterministic: bool = False
     """blocks inserted in a fixed order (by round, then actor), actors act with the parameters of
     the round before last: bitwise reproducible on CPU, at the price of actors waiting"""
-    # write runs/<run_name>/checkpoint.pt every this many learner updates (0: on signals only)
+    restart_every: int = 0
+    """with --deterministic: every this many rounds the actors start afresh (a restart point) and
+    checkpoints hold the replay, so that a checkpoint written there resumes bitwise as the
+    uninterrupted run (0: only at the start)"""
+    # write runs/<run_name>/checkpoint.pt every this many learner updates (0: on signals only; with
+    # --restart-every: at the first restart point after each such count)
     checkpoint_every: int = 0
-    resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists (the replay is refilled)
+    # continue from runs/<run_name>/checkpoint.pt when it exists (the replay is refilled, but with --restart-every)
+    resume: bool = False
     collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
     actor_timeout: float = 60.0  # seconds a local actor may fall silent (stopped, hung; 5x that to start): the job ends
     # --- computed at run time ---
@@ -106,6 +113,7 @@ class Args:
     local_rank: int = field(default=0, init=False)
     total_actors: int = field(default=0, init=False)
     segment: int = field(default=0, init=False)
+    start_round: int = field(default=0, init=False)
     run_name: str = field(default="", init=False)
 
 
@@ -150,6 +158,7 @@ def validate(args: Args) -> None:
         "num_actors",
         "num_buffers",
         "checkpoint_every",
+        "restart_every",
         "learning_starts",
         "alpha",
         "epsilon_alpha",
@@ -158,6 +167,8 @@ def validate(args: Args) -> None:
     for name in not_negative:
         if getattr(args, name) < 0:
             fail(name, f"must not be negative, got {getattr(args, name)}")
+    if args.restart_every and not args.deterministic:
+        fail("restart_every", "needs --deterministic (its restart points make resumes bitwise)")
     for name in ["gamma", "beta", "epsilon"]:
         if not 0.0 < getattr(args, name) <= 1.0:
             fail(name, f"must be in (0, 1], got {getattr(args, name)}")
@@ -224,10 +235,36 @@ def obs_shape(args: Args, spec) -> tuple:
     return (2,) if args.mask_velocity else spec.observation_space.shape
 
 
-def env_seed(args: Args, actor: int) -> int:
-    """Seed of env 0 of `actor` (local ones, then one per remote rank) in run segment args.segment
-    (0, then +1 per resume)."""
-    return args.seed + (args.segment * args.total_actors + actor) * args.num_envs
+def env_seed(args: Args, actor: int, round_: int) -> int:
+    """Seed of env 0 of `actor` (local ones, then one per remote rank) when its envs start: in run
+    segment args.segment (0, then +1 per resume), or with --restart-every at round `round_`."""
+    start = round_ if args.restart_every else args.segment
+    return args.seed + (start * args.total_actors + actor) * args.num_envs
+
+
+def restart_point(args: Args, round_: int) -> bool:
+    """With --restart-every: every --restart-every-th round the actors start afresh (new envs seeded
+    for it, exploration reseeded, no partial n-step windows, the parameters of that very round) and
+    the learner reseeds its sampling, in every run alike, so that a run resumed from a checkpoint
+    there (which holds the replay) goes on bitwise as the uninterrupted one."""
+    return args.restart_every > 0 and round_ % args.restart_every == 0
+
+
+def version_for(args: Args, sequence: int) -> int:
+    """Deterministic mode: the parameter version that an actor's block `sequence` (round) is collected
+    with: that of the round before last, published once the learner has taken round sequence - 2,
+    but at the segment's first round and at a restart point the current one (a round of waiting)."""
+    start = args.start_round
+    if args.restart_every:
+        start = max(start, sequence - sequence % args.restart_every)
+    return max(sequence - 1, start)
+
+
+def learner_rng(args: Args, round_: int) -> np.random.Generator:
+    """The learner's sampling generator: one per run segment, or with --restart-every one per restart
+    point (and per segment start)."""
+    start = round_ if args.restart_every else args.segment
+    return np.random.default_rng(args.seed + 10**9 + start)
 
 
 # ----------------------------------------------------------------------------------------------- networks
@@ -420,6 +457,23 @@ class PrioritizedReplay:
 
     def update_priorities(self, indices: np.ndarray, abs_td: torch.Tensor) -> None:
         self.tree.update(indices, (abs_td.double().cpu().numpy() + self.eps) ** self.alpha)
+
+    def state_dict(self) -> dict:
+        """Everything the replay holds (transitions, trees, ring position), for a checkpoint."""
+        trees = {"sum": torch.from_numpy(self.tree.sum), "min": torch.from_numpy(self.tree.min)}
+        return {"pos": self.pos, "size": self.size, "data": self.data, **trees}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in self.data.items():
+            if state["data"][key].shape != value.shape:
+                raise ValueError(
+                    f"replay field {key} of shape {tuple(state['data'][key].shape)}, not {tuple(value.shape)}"
+                )
+            value.copy_(state["data"][key])
+        self.tree.sum[:] = state["sum"].numpy()
+        self.tree.min[:] = state["min"].numpy()
+        self.pos = state["pos"]
+        self.size = state["size"]
 
 
 def flatten_parameters(net: nn.Module) -> torch.Tensor:
@@ -628,8 +682,8 @@ def actor_loop(actor: int, args: Args, spec, link, local: bool = True) -> None:
     """One actor: step an envpool batch, env j epsilon_i-greedy (i = actor * num_envs + j) with a
     local Q-network; send blocks of block_length windows' n-step transitions with their initial
     priorities |delta| (local network). Parameters: the latest every actor_update_interval steps
-    (remote: with each block's reply); deterministic mode: block s uses version max(s - 1, 0),
-    published once the learner has taken round s - 2."""
+    (remote: with each block's reply); deterministic mode: block s (round s) uses version_for(s);
+    with --restart-every its envs start afresh at every restart point."""
     if local:
         # die with the learner, whatever kills it (PR_SET_PDEATHSIG)
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)
@@ -642,30 +696,35 @@ def actor_loop(actor: int, args: Args, spec, link, local: bool = True) -> None:
     windows = args.block_length
     # the steps a block's windows reach: block_length starts, each followed by up to n - 1 steps
     window_steps = args.block_length + args.n_step - 1
-    seed = env_seed(args, actor)
-    envs = make_env(args.env_id, num_envs, seed, args.env_threads or 1)
-    rng = np.random.default_rng(seed)
     epsilon = epsilons(args.epsilon, args.epsilon_alpha, args.total_actors * num_envs)
     epsilon = epsilon[actor * num_envs : (actor + 1) * num_envs]
     net = make_network(args, spec)
     flat = flat_params(net)
-    obs = observe(envs.reset()[0], args.mask_velocity)
-    history = {"obs": np.zeros((window_steps + 1,) + obs.shape, dtype=obs.dtype)}
-    for key in ("rewards", "terms", "dones", "valid"):
-        history[key] = np.zeros((window_steps, num_envs))
-    history["actions"] = np.zeros((window_steps, num_envs), dtype=np.int64)
-    # valid: 0 while x_t is a final observation (envpool's reset step comes next)
-    valid = np.ones(num_envs)
-    filled = 0
-    episode_return = np.zeros(num_envs)
-    episode_length = np.zeros(num_envs)
-    prev_done = np.zeros(num_envs, dtype=bool)
     loaded = -1
-    sequence = 0
+    sequence = args.start_round
     since_refresh = 0
+    envs = None
     while True:
+        # a start, or a restart point (--restart-every): envs, exploration and n-step windows begin afresh
+        if envs is None or (args.deterministic and restart_point(args, sequence)):
+            if envs is not None:
+                envs.close()
+            seed = env_seed(args, actor, sequence)
+            envs = make_env(args.env_id, num_envs, seed, args.env_threads or 1)
+            rng = np.random.default_rng(seed)
+            obs = observe(envs.reset()[0], args.mask_velocity)
+            history = {"obs": np.zeros((window_steps + 1,) + obs.shape, dtype=obs.dtype)}
+            for key in ("rewards", "terms", "dones", "valid"):
+                history[key] = np.zeros((window_steps, num_envs))
+            history["actions"] = np.zeros((window_steps, num_envs), dtype=np.int64)
+            # valid: 0 while x_t is a final observation (envpool's reset step comes next)
+            valid = np.ones(num_envs)
+            filled = 0
+            episode_return = np.zeros(num_envs)
+            episode_length = np.zeros(num_envs)
+            prev_done = np.zeros(num_envs, dtype=bool)
         if args.deterministic:
-            wanted = max(sequence - 1, 0)
+            wanted = version_for(args, sequence)
             if wanted != loaded:
                 loaded = link.params(flat, wanted)
                 if loaded < 0:
@@ -762,9 +821,9 @@ def remote_bridge(
         return control.get("stop", False)
 
     try:
-        sequence = 0
+        sequence = args.start_round
         while True:
-            wanted = max(sequence - 1, 0) if args.deterministic else None
+            wanted = version_for(args, sequence) if args.deterministic else None
             version[0] = -1 if stopped() else store.read(flat, wanted, give_up=stopped)
             dist.send(version, peer, group=group)
             dist.send(flat, peer, group=group)
@@ -929,7 +988,10 @@ def publish(args: Args, q_net, store: ParameterStore, progress: dict, stats: dic
     blocks = stats["blocks"]
     if args.deterministic and blocks % args.total_actors != 0:
         return
-    version = blocks // args.total_actors if args.deterministic else blocks
+    version = args.start_round + blocks // args.total_actors if args.deterministic else blocks
+    if args.deterministic:
+        # whole rounds taken: the round a resumed run starts at
+        progress["round"] = version
     store.publish(flat_params(q_net), version)
     stats["versions"][version] = progress["update"]
     # no actor holds parameters that old
@@ -994,18 +1056,20 @@ def new_progress(config: dict) -> dict:
         # the policy lag summed over the blocks counted: its whole-run mean in summary.json
         "policy_lag_sum": 0.0,
         "policy_lag_count": 0,
+        # deterministic mode: rounds of blocks taken (one block from every actor each)
+        "round": 0,
         "config": config,
         "segment": 0,
     }
 
 
-def new_stats(progress: dict) -> dict:
+def new_stats(progress: dict, first_version: int) -> dict:
     """This segment's learner counters: blocks taken, published versions (version -> learner updates
     behind it, for the policy lag), the last block's lag, replay insert and sample work, learner
     compute, the last batch's losses."""
     return {
         "blocks": 0,
-        "versions": {0: progress["update"]},
+        "versions": {first_version: progress["update"]},
         "lag": 0,
         "insert_s": 1e-9,
         "inserted": 0,
@@ -1141,6 +1205,8 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     # checkpoints written before the policy lag was kept: its mean covers the blocks since this resume
     checkpoint.setdefault("policy_lag_sum", 0.0)
     checkpoint.setdefault("policy_lag_count", 0)
+    # and before rounds were counted: their actors start again at round 0
+    checkpoint.setdefault("round", 0)
     missing = sorted(set(progress) - set(checkpoint))
     if missing:
         fail(
@@ -1206,6 +1272,38 @@ def restore(args, model, optimizer, device, checkpoint_path: str, target_net) ->
     progress["recent_returns"].extend(recent_returns)
     progress["segment"] += 1
     return progress
+
+
+def restore_replay(replay: PrioritizedReplay, progress: dict, checkpoint_path: str) -> dict:
+    """The replay of a checkpoint written with --restart-every, loaded in place. Returns the counts the
+    rate limit runs from: those of the run's start with a restored replay, else this segment's (whose
+    replay starts empty)."""
+    saved = progress.pop("replay", None)
+    if saved is None:
+        return {"global_step": progress["global_step"], "update": progress["update"]}
+    try:
+        replay.load_state_dict(saved)
+        return dict(saved["since"])
+    except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as error:
+        refuse_checkpoint(checkpoint_path, error)
+
+
+def write_checkpoint(args, checkpoint_path, progress, q_net, target_net, optimizer, replay, segment_start) -> None:
+    """Progress, networks and optimizer state; with --restart-every the replay too, and the counts its
+    rate limit runs from."""
+    checkpoint = {**progress, "model": q_net.state_dict(), "optimizer": optimizer.state_dict()}
+    kept = {"replay": {**replay.state_dict(), "since": segment_start}} if args.restart_every else {}
+    save_checkpoint(checkpoint_path, {**checkpoint, "target": target_net.state_dict(), **kept})
+
+
+def checkpoint_due(args: Args, progress: dict, stats: dict, saved_at: int) -> bool:
+    """A periodic checkpoint: once --checkpoint-every more updates have passed since the last one, or
+    with --restart-every at the first restart point after that (where a resume is bitwise)."""
+    every = args.checkpoint_every
+    if not every or progress["update"] // every <= saved_at // every:
+        return False
+    round_ended = stats["blocks"] % args.total_actors == 0
+    return not args.restart_every or (round_ended and restart_point(args, progress["round"]))
 
 
 def announce_stop(progress: dict, checkpoint_path: str) -> None:
@@ -1363,14 +1461,15 @@ def setup_distributed(args: Args):
     return device, groups
 
 
-def agree_on_actors(args: Args, segment: int) -> None:
-    """Rank 0's run segment and actor count decide every actor's index, env seeds and epsilon_i:
-    broadcast them."""
-    shared = torch.tensor([segment, args.num_actors])
+def agree_on_actors(args: Args, segment: int, start_round: int) -> None:
+    """Rank 0's run segment, first round and actor count decide every actor's index, env seeds,
+    epsilon_i and first block: broadcast them."""
+    shared = torch.tensor([segment, args.num_actors, start_round])
     if args.world_size > 1:
         dist.broadcast(shared, 0)
     args.segment = int(shared[0])
     args.num_actors = int(shared[1])
+    args.start_round = int(shared[2])
     args.total_actors = args.num_actors + args.world_size - 1
     args.num_buffers = args.num_buffers or 2 * args.total_actors + 2
 
@@ -1406,7 +1505,7 @@ def main(args: Args) -> int:
     num_params = sum(p.numel() for p in make_network(args, spec).parameters())
     if args.rank > 0:
         # a remote actor: its index follows the learner's local actors
-        agree_on_actors(args, 0)
+        agree_on_actors(args, 0, 0)
         link = RemoteLink(args, spec, groups[args.rank], num_params)
         actor_loop(args.num_actors + args.rank - 1, args, spec, link, local=False)
         finish_distributed(args, 0, [])
@@ -1416,13 +1515,12 @@ def main(args: Args) -> int:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(args.torch_deterministic)
         torch.backends.cudnn.deterministic = args.torch_deterministic
-    threshold = spec.reward_threshold
     q_net = make_network(args, spec).to(device)
     target_net = make_network(args, spec).to(device)
     flat = flatten_parameters(q_net)
     optimizer = torch.optim.Adam([flat], lr=args.learning_rate, eps=args.adam_eps)
     progress = restore(args, q_net, optimizer, device, checkpoint_path, target_net)
-    agree_on_actors(args, progress["segment"])
+    agree_on_actors(args, progress["segment"], progress["round"] if args.deterministic else 0)
     epsilon = torch.as_tensor(epsilons(args.epsilon, args.epsilon_alpha, args.total_actors * args.num_envs))
     epsilon = epsilon.view(args.total_actors, -1)
     # episodes of these envs count for the threshold
@@ -1432,44 +1530,45 @@ def main(args: Args) -> int:
     # then the replay and logging.
     buffers = block_buffers(args, spec, args.num_buffers)
     store = ParameterStore(num_params)
-    store.publish(flat_params(q_net), 0)
+    store.publish(flat_params(q_net), args.start_round)
     control = {}
     heartbeats = Heartbeats(args.num_actors)
     actors, bridges, free_q, full_q = start_actors(args, spec, groups, buffers, store, control, heartbeats)
     fields = {key: buffers[key][0, 0] for key in TRANSITION_KEYS}
     replay = PrioritizedReplay(args.buffer_size, fields, args.alpha, args.priority_eps, device)
-    rng = np.random.default_rng(args.seed + 10**9 + args.segment)
+    segment_start = restore_replay(replay, progress, checkpoint_path)
+    rng = learner_rng(args, args.start_round)
     writer = open_writer(args, run_dir, progress)
-    stats = new_stats(progress)
-    segment_start = {"global_step": progress["global_step"], "update": progress["update"]}
+    stats = new_stats(progress, args.start_round)
     pending = {}
     last_print = 0.0
+    saved_at = progress["update"]
     exit_code = 0
     clock = start_clock(progress)
     try:
         while progress["global_step"] < args.total_timesteps:
             # COLLECT: the next block into the replay (deterministic mode: by round, then actor)
-            expected = divmod(stats["blocks"], args.total_actors)
-            index = next_block(args, actors, heartbeats, control, buffers, full_q, pending, expected)
+            round_, actor = divmod(args.start_round * args.total_actors + stats["blocks"], args.total_actors)
+            if args.deterministic and actor == 0 and restart_point(args, round_):
+                rng = learner_rng(args, round_)
+            index = next_block(args, actors, heartbeats, control, buffers, full_q, pending, (round_, actor))
             finished = take_block(args, buffers, index, replay, free_q, epsilon, progress, stats)
             # LEARN: as many updates as the rate limit allows
-            updates_before = progress["update"]
             while updates_due(args, progress, replay, segment_start):
                 learner_step(args, q_net, target_net, optimizer, flat, replay, rng, progress, stats)
             # PUBLISH: parameters for the actors
             publish(args, q_net, store, progress, stats)
             # BOOKKEEPING: clocks, episodes (the least-exploring envs' count), logs, checkpoints
             clock = advance_clock(progress, clock)
-            record_returns(progress, [ret for ret, _, eps in finished if eps <= counted_epsilon], threshold)
+            record_returns(progress, [ret for ret, _, eps in finished if eps <= counted_epsilon], spec.reward_threshold)
             due = time.time() - last_print >= 2.0
             log_update(
                 writer, progress, finished, learner_scalars(progress, stats, optimizer, replay, full_q) if due else {}
             )
             last_print = print_progress(progress, args.total_timesteps, last_print)
-            every = args.checkpoint_every
-            if stop["signal"] or (every and progress["update"] // every > updates_before // every):
-                checkpoint = {**progress, "model": q_net.state_dict(), "optimizer": optimizer.state_dict()}
-                save_checkpoint(checkpoint_path, {**checkpoint, "target": target_net.state_dict()})
+            if stop["signal"] or checkpoint_due(args, progress, stats, saved_at):
+                write_checkpoint(args, checkpoint_path, progress, q_net, target_net, optimizer, replay, segment_start)
+                saved_at = progress["update"]
             if stop["signal"]:
                 # SIGTERM/SIGUSR1 (SLURM preemption): saved above, exit cleanly
                 announce_stop(progress, checkpoint_path)

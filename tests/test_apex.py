@@ -3,6 +3,10 @@ schedule, n-step targets, double-Q TD errors, the sum tree and proportional prio
 blocks and learning with the defaults; and the smoke/torchrun/determinism/failure runs of Ape-X and R2D2
 (algos/r2d2.py, which runs on the same actors, replay and links)."""
 
+import os
+import re
+import signal
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +20,7 @@ from conftest import (
     load_algo,
     start_actor,
     updates_allowed,
+    wait_for,
 )
 
 apex = load_algo("apex")
@@ -363,19 +368,38 @@ def test_default_actor_count_fits_any_core_count(monkeypatch, cpus):
     m.validate(m.Args(deterministic=True))
 
 
+# summary.json's keys that time the run
+TIMING = LAUNCH_KEYS | {"replay_inserts_per_s", "replay_samples_per_s", "learner_updates_per_s", "learner_compute_s"}
+
+
+# --restart-every (rounds of 2 blocks), --checkpoint-every (updates), --buffer-size: the first checkpoint comes at a
+# restart point some rounds before the end (Ape-X: round 16 of 48; R2D2: round 12 of about 28)
+RESTARTS = {"apex": [8, 300, 20000], "r2d2": [4, 100, 2000]}
+
+
 @pytest.mark.parametrize("name", ALGOS)
-def test_deterministic_mode_is_bitwise(runner, name):
-    args = [*FAST, "--deterministic", "--num-actors", 2, "--save-model"]
-    for exp in ("a", "b"):
-        check_ok(runner.run(name, *args, "--exp-name", exp))
-    a, b = runner.summary("CartPole-v1", "a"), runner.summary("CartPole-v1", "b")
-    timing = LAUNCH_KEYS | {
-        "replay_inserts_per_s",
-        "replay_samples_per_s",
-        "learner_updates_per_s",
-        "learner_compute_s",
-    }
-    assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}
-    wa = torch.load(runner.run_dir("CartPole-v1", "a") / "model.pt", weights_only=True)
-    wb = torch.load(runner.run_dir("CartPole-v1", "b") / "model.pt", weights_only=True)
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+def test_deterministic_mode_resumed_at_a_restart_point_is_bitwise_the_uninterrupted_run(runner, name):
+    """With --restart-every: a run killed (no checkpoint of its own) and resumed from its last periodic checkpoint,
+    written at a restart point with the replay in it, ends with the uninterrupted run's summary (less timing;
+    params_sha256 is its weights), bit for bit. (So two runs of the deterministic mode with two local actors end
+    alike; the mode without restart points is the torchrun test's above.)"""
+    every, checkpoint_every, buffer_size = RESTARTS[name]
+    args = ["--deterministic", "--num-actors", 2, "--total-timesteps", 12288, "--learning-starts", 1024]
+    args += ["--buffer-size", buffer_size, "--restart-every", every, "--checkpoint-every", checkpoint_every]
+    check_ok(runner.run(name, *args, "--exp-name", "whole"))
+    proc = runner.start(name, *args, "--exp-name", "cut")
+    checkpoint = runner.run_dir("CartPole-v1", "cut") / "checkpoint.pt"
+    try:
+        assert wait_for(checkpoint.exists, 60), "no checkpoint"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert not (runner.run_dir("CartPole-v1", "cut") / "summary.json").exists(), "the run ended before the kill"
+    saved = torch.load(checkpoint, weights_only=True)
+    assert saved["round"] > 0 and saved["round"] % every == 0 and saved["replay"]["size"] > 0
+    resumed = runner.run(name, *args, "--exp-name", "cut", "--resume")
+    check_ok(resumed)
+    steps = [int(step) for step in re.findall(r"global_step=(\d+)", resumed.stdout)]
+    assert steps[0] > saved["global_step"], resumed.stdout[:500]  # resumed, not anew
+    whole, cut = runner.summary("CartPole-v1", "whole"), runner.summary("CartPole-v1", "cut")
+    assert {k: v for k, v in whole.items() if k not in TIMING} == {k: v for k, v in cut.items() if k not in TIMING}
