@@ -459,7 +459,7 @@ class PrioritizedReplay:
         self.tree.update(indices, (abs_td.double().cpu().numpy() + self.eps) ** self.alpha)
 
     def state_dict(self) -> dict:
-        """Everything the replay holds (transitions, trees, ring position), for a checkpoint."""
+        """Everything the replay holds (its data, trees and ring position), for a checkpoint."""
         trees = {"sum": torch.from_numpy(self.tree.sum), "min": torch.from_numpy(self.tree.min)}
         return {"pos": self.pos, "size": self.size, "data": self.data, **trees}
 

@@ -262,9 +262,9 @@ def env_seed(args: Args, actor: int, round_: int) -> int:
 
 def restart_point(args: Args, round_: int) -> bool:
     """With --restart-every: every --restart-every-th round the actors start afresh (new envs seeded
-    for it, exploration reseeded, no partial sequences, zero recurrent states, the parameters of that very round) and
-    the learner reseeds its sampling, in every run alike, so that a run resumed from a checkpoint
-    there (which holds the replay) goes on bitwise as the uninterrupted one."""
+    for it, exploration reseeded, no partial sequences, zero recurrent states, the parameters of that
+    very round) and the learner reseeds its sampling, in every run alike, so that a run resumed from a
+    checkpoint there (which holds the replay) goes on bitwise as the uninterrupted one."""
     return args.restart_every > 0 and round_ % args.restart_every == 0
 
 
@@ -529,7 +529,7 @@ class PrioritizedReplay:
         self.tree.update(indices, (abs_td.double().cpu().numpy() + self.eps) ** self.alpha)
 
     def state_dict(self) -> dict:
-        """Everything the replay holds (its items, trees, ring position), for a checkpoint."""
+        """Everything the replay holds (its data, trees and ring position), for a checkpoint."""
         trees = {"sum": torch.from_numpy(self.tree.sum), "min": torch.from_numpy(self.tree.min)}
         return {"pos": self.pos, "size": self.size, "data": self.data, **trees}
 
