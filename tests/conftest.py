@@ -4,6 +4,7 @@ import importlib.util
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -267,6 +268,24 @@ LAUNCH_KEYS = {
     "bytes_per_generation",
     "episodes_per_s",
 }
+
+
+def run_whole_and_kill_at_first_checkpoint(runner: "Runner", name: str, args: list) -> dict:
+    """Run `name` with `args` to its end (exp "whole"), then again (exp "cut") SIGKILLed as soon as its first
+    periodic checkpoint exists, so that it writes none of its own. Returns that checkpoint, which a resume of "cut"
+    goes on from."""
+    import torch
+
+    check_ok(runner.run(name, *args, "--exp-name", "whole"))
+    proc = runner.start(name, *args, "--exp-name", "cut")
+    checkpoint = runner.run_dir("CartPole-v1", "cut") / "checkpoint.pt"
+    try:
+        assert wait_for(checkpoint.exists, 60), "no checkpoint"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert not (runner.run_dir("CartPole-v1", "cut") / "summary.json").exists(), "the run ended before the kill"
+    return torch.load(checkpoint, weights_only=True)
 
 
 def assert_same_result(a: dict, b: dict) -> None:

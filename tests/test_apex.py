@@ -3,9 +3,7 @@ schedule, n-step targets, double-Q TD errors, the sum tree and proportional prio
 blocks and learning with the defaults; and the smoke/torchrun/determinism/failure runs of Ape-X and R2D2
 (algos/r2d2.py, which runs on the same actors, replay and links)."""
 
-import os
 import re
-import signal
 
 import numpy as np
 import pytest
@@ -18,9 +16,9 @@ from conftest import (
     assert_video_of_the_first_eval_episode,
     check_ok,
     load_algo,
+    run_whole_and_kill_at_first_checkpoint,
     start_actor,
     updates_allowed,
-    wait_for,
 )
 
 apex = load_algo("apex")
@@ -386,16 +384,7 @@ def test_deterministic_mode_resumed_at_a_restart_point_is_bitwise_the_uninterrup
     every, checkpoint_every, buffer_size = RESTARTS[name]
     args = ["--deterministic", "--num-actors", 2, "--total-timesteps", 12288, "--learning-starts", 1024]
     args += ["--buffer-size", buffer_size, "--restart-every", every, "--checkpoint-every", checkpoint_every]
-    check_ok(runner.run(name, *args, "--exp-name", "whole"))
-    proc = runner.start(name, *args, "--exp-name", "cut")
-    checkpoint = runner.run_dir("CartPole-v1", "cut") / "checkpoint.pt"
-    try:
-        assert wait_for(checkpoint.exists, 60), "no checkpoint"
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-    assert not (runner.run_dir("CartPole-v1", "cut") / "summary.json").exists(), "the run ended before the kill"
-    saved = torch.load(checkpoint, weights_only=True)
+    saved = run_whole_and_kill_at_first_checkpoint(runner, name, args)
     assert saved["round"] > 0 and saved["round"] % every == 0 and saved["replay"]["size"] > 0
     resumed = runner.run(name, *args, "--exp-name", "cut", "--resume")
     check_ok(resumed)

@@ -1,8 +1,6 @@
 """IMPALA (algos/impala.py). The pure functions (V-trace, loss, networks) are the same text in
 algos/seed.py, so their tests run on both files; tests/test_seed.py covers what differs."""
 
-import os
-import signal
 import time
 
 import numpy as np
@@ -17,7 +15,7 @@ from conftest import (
     assert_video_of_the_first_eval_episode,
     check_ok,
     load_algo,
-    wait_for,
+    run_whole_and_kill_at_first_checkpoint,
 )
 
 impala = load_algo("impala")
@@ -301,16 +299,7 @@ def test_deterministic_mode_resumed_at_a_restart_point_is_bitwise_the_uninterrup
     every = 10
     args = ["--deterministic", "--num-envs", 4, "--num-actors", 2, "--total-timesteps", 32000]
     args += ["--restart-every", every, "--checkpoint-every", every]
-    check_ok(runner.run("impala", *args, "--exp-name", "whole"))
-    proc = runner.start("impala", *args, "--exp-name", "cut")
-    checkpoint = runner.run_dir("CartPole-v1", "cut") / "checkpoint.pt"
-    try:
-        assert wait_for(checkpoint.exists, 60), "no checkpoint"
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-    assert not (runner.run_dir("CartPole-v1", "cut") / "summary.json").exists(), "the run ended before the kill"
-    update = torch.load(checkpoint, weights_only=True)["update"]
+    update = run_whole_and_kill_at_first_checkpoint(runner, "impala", args)["update"]
     assert update % every == 0 and update < 32000 // 640
     resumed = runner.run("impala", *args, "--exp-name", "cut", "--resume")
     check_ok(resumed)
