@@ -103,7 +103,7 @@ class Args:
     # write runs/<run_name>/checkpoint.pt every this many learner updates (0: on signals only; with
     # --restart-every: at the first restart point after each such count)
     checkpoint_every: int = 0
-    # continue from runs/<run_name>/checkpoint.pt when it exists (the replay is refilled, but with --restart-every)
+    # continue from runs/<run_name>/checkpoint.pt when it exists (the replay is refilled, except with --restart-every)
     resume: bool = False
     collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
     actor_timeout: float = 60.0  # seconds a local actor may fall silent (stopped, hung; 5x that to start): the job ends
@@ -948,7 +948,8 @@ def take_block(args: Args, buffers: dict, index: int, replay, free_q, epsilon, p
 
 def updates_due(args: Args, progress: dict, replay, segment_start: dict) -> bool:
     """The rate limit: one learner update per steps_per_update environment steps after
-    learning_starts (both counted from the start of this run segment, whose replay starts empty)."""
+    learning_starts (both counted from `segment_start`, where the replay last started empty: this run
+    segment's start, or with a replay restored from the checkpoint, an earlier one's)."""
     steps = progress["global_step"] - segment_start["global_step"] - args.learning_starts
     updates = progress["update"] - segment_start["update"]
     return steps >= 0 and replay.size > 0 and updates < steps / args.steps_per_update
@@ -1043,7 +1044,7 @@ def process_start_time() -> float:
 def new_progress(config: dict) -> dict:
     """Everything a resumed run continues from; every time in it is a whole-run figure
     (docs/conventions.md §1a). The file adds `segment`: the run segment (0, then one more per
-    resume), which seeds the actors' envs."""
+    resume), which seeds the actors' envs (with --restart-every, the round does)."""
     return {
         "update": 0,
         "global_step": 0,
@@ -1063,7 +1064,7 @@ def new_progress(config: dict) -> dict:
     }
 
 
-def new_stats(progress: dict, first_version: int) -> dict:
+def new_stats(progress: dict, first_version: int = 0) -> dict:
     """This segment's learner counters: blocks taken, published versions (version -> learner updates
     behind it, for the policy lag), the last block's lag, replay insert and sample work, learner
     compute, the last batch's losses."""
@@ -1276,7 +1277,7 @@ def restore(args, model, optimizer, device, checkpoint_path: str, target_net) ->
 
 def restore_replay(replay: PrioritizedReplay, progress: dict, checkpoint_path: str) -> dict:
     """The replay of a checkpoint written with --restart-every, loaded in place. Returns the counts the
-    rate limit runs from: those of the run's start with a restored replay, else this segment's (whose
+    rate limit runs from: those of where the restored replay started empty, else this segment's (whose
     replay starts empty)."""
     saved = progress.pop("replay", None)
     if saved is None:

@@ -337,6 +337,10 @@ def test_smoke_two_actors(runner, name):
     assert_video_of_the_first_eval_episode(runner.run_dir("CartPole-v1", name))
 
 
+# summary.json's keys that time the run
+TIMING = LAUNCH_KEYS | {"replay_inserts_per_s", "replay_samples_per_s", "learner_updates_per_s", "learner_compute_s"}
+
+
 @pytest.mark.parametrize("name", ALGOS)
 def test_torchrun_two_ranks_deterministic_is_bitwise(runner, name):
     """Rank 0: learner, replay and one local actor; rank 1: a remote actor shipping its blocks through gloo. In the
@@ -346,7 +350,7 @@ def test_torchrun_two_ranks_deterministic_is_bitwise(runner, name):
         check_ok(runner.run(name, *FAST, "--num-actors", 1, "--deterministic", "--exp-name", exp, nproc=2))
     a, b = runner.summary("CartPole-v1", "a"), runner.summary("CartPole-v1", "b")
     assert a["world_size"] == 2 and a["total_actors"] == 2 and a["global_step"] >= 6144
-    assert a["params_sha256"] == b["params_sha256"]
+    assert {k: v for k, v in a.items() if k not in TIMING} == {k: v for k, v in b.items() if k not in TIMING}
 
 
 def test_learns_cartpole_with_a_short_budget(runner):
@@ -364,10 +368,6 @@ def test_default_actor_count_fits_any_core_count(monkeypatch, cpus):
     monkeypatch.setattr(m, "available_cpus", lambda: cpus)
     assert m.default_num_actors(m.Args()) == max(1, cpus - 1)
     m.validate(m.Args(deterministic=True))
-
-
-# summary.json's keys that time the run
-TIMING = LAUNCH_KEYS | {"replay_inserts_per_s", "replay_samples_per_s", "learner_updates_per_s", "learner_compute_s"}
 
 
 # --restart-every (rounds of 2 blocks), --checkpoint-every (updates), --buffer-size: the first checkpoint comes at a
