@@ -97,6 +97,13 @@ SUITES = {
             "2",
         ],
     },
+    # A3C on a MuJoCo task: Hopper-v4 for 1M steps (DD-PPO's budget there), Hogwild workers as the machine allows;
+    # discount 0.99 and a learning rate and entropy cost for a Gaussian policy (chosen, not tuned)
+    "a3c_mujoco": {
+        "a3c_hopper": [PY, str(ROOT / "algos/a3c.py"), "--seed", "{seed}", "--exp-name", "bench"]
+        + ["--env-id", "Hopper-v4", "--total-timesteps", "1000000", "--gamma", "0.99"]
+        + ["--learning-rate", "3e-4", "--ent-coef", "1e-4"],
+    },
     "actor_learner": {  # IMPALA and SEED with their defaults beside SB3 A2C (rl-zoo)
         "impala": [PY, str(ROOT / "algos/impala.py"), "--seed", "{seed}", "--exp-name", "bench"],
         "seed": [PY, str(ROOT / "algos/seed.py"), "--seed", "{seed}", "--exp-name", "bench"],
