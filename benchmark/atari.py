@@ -346,6 +346,9 @@ def plot(entry: str, runs: list, peer_runs: list) -> Path:
     for r, colour in [(r, None) for r in runs] + [(r, "0.6") for r in peer_runs]:
         curve = r["curve"]
         label = f"{r['entry']} seed {r['seed']}"
+        if sum(other["seed"] == r["seed"] for other in runs) > 1:
+            # runs of one seed told apart by their start
+            label += time.strftime(" (run of %Y-%m-%d %H:%M UTC)", time.gmtime(r["segments"][0]["start"]))
         frames = np.array(curve["steps"]) * 4
         ax_frames.plot(frames / 1e6, curve["mean20"], lw=1, color=colour, label=label)
         ax_hours.plot(curve["train_hours"], curve["mean20"], lw=1, color=colour, label=label)

@@ -159,8 +159,9 @@ def plot(path: Path, img: Path) -> None:
     img.mkdir(parents=True, exist_ok=True)
     for record in results["runs"]:
         env_id = record["command"][record["command"].index("--env-id") + 1]
-        hours = record["samples"][-1]["t"] > 2 * 3600
-        t = [s["t"] / 3600 if hours else s["t"] for s in record["samples"]]
+        # seconds, or minutes for a run of over 10 minutes
+        unit, scale = ("minutes", 60) if record["samples"][-1]["t"] > 600 else ("seconds", 1)
+        t = [s["t"] / scale for s in record["samples"]]
         figure, axis = plt.subplots(figsize=(6, 3.2))
         axis.plot(t, [sum(s["pss"].values()) / MIB for s in record["samples"]], color="black", label="job (sum of PSS)")
         keys = sorted({k for s in record["samples"] for k in s["rss"]}, key=lambda k: (k != "main", k))
@@ -174,7 +175,7 @@ def plot(path: Path, img: Path) -> None:
                 alpha=0.7,
                 label=label or ("other processes' RSS" if key == keys[-1] else None),
             )
-        axis.set_xlabel("hours since launch" if hours else "seconds since launch")
+        axis.set_xlabel(f"{unit} since launch")
         axis.set_ylabel("MiB")
         axis.set_ylim(bottom=0)
         processes = max(len(s["pss"]) for s in record["samples"])
