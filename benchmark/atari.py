@@ -11,6 +11,9 @@ reached 18 (both measures taken; it then runs 130 s more so that its TensorBoard
 own end. A peer run cut by --hours or by a stopped runner is moved aside (<dir>.cut<time>) and started anew by the
 next invocation; `report` still gives its figures up to the cut (1M and 2M steps, steps/s), marked as cut.
 
+A run made elsewhere (a lent GPU machine) can sit beside them as <entry>_<seed>.<machine>/, with its runs/ and a
+segments.jsonl of the same fields; `report` reads it like the others and the plots name each run's machine.
+
 `report` reads the TensorBoard events of every run: the 20-episode training mean of the returns (raw game score)
 at 1M and 2M steps, the training time (steps / the logged steps per second, so start-up is not in it) and step at
 which that mean first reached 18, steps per second, the final greedy evaluation (ours), and draws each entry's
@@ -293,6 +296,11 @@ def clip(video: Path, out: Path, start_s: float, seconds: float, shrink: int = 1
     return len(frames)
 
 
+def machine_name(machine: dict) -> str:
+    gpu = f", {machine['gpu']}" if machine.get("gpu") else ""
+    return f"{machine['cpu']} ({machine['cores']} cores{gpu})"
+
+
 def measures(entry: str, seed: int, seed_dir: Optional[Path] = None) -> dict:
     """The report's figures of one run, from its TensorBoard events (and summary.json when it ended). A peer run
     that was cut (<dir>.cut<time>) still gives its figures up to the cut: `cut` says so."""
@@ -319,7 +327,7 @@ def measures(entry: str, seed: int, seed_dir: Optional[Path] = None) -> dict:
         "cut": ".cut" in seed_dir.name,
         "command": segments[-1]["command"],
         "segments": [{k: s[k] for k in ("start", "end", "stopped", "returncode")} for s in segments],
-        "machines": sorted({f"{s['machine']['cpu']} ({s['machine']['cores']} cores)" for s in segments}),
+        "machines": sorted({machine_name(s["machine"]) for s in segments}),
         "commits": sorted({s["machine"]["commit"] for s in segments}),
         "last_step": int(sps_steps[-1]) if len(sps_steps) else 0,
         "train_hours": float(train_hours[-1]) if len(train_hours) else 0.0,
@@ -342,13 +350,16 @@ def plot(entry: str, runs: list, peer_runs: list) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_frames, ax_hours) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax_frames, ax_hours) = plt.subplots(1, 2, figsize=(11, 4.6))
     for r, colour in [(r, None) for r in runs] + [(r, "0.6") for r in peer_runs]:
         curve = r["curve"]
         label = f"{r['entry']} seed {r['seed']}"
         if sum(other["seed"] == r["seed"] for other in runs) > 1:
             # runs of one seed told apart by their start
-            label += time.strftime(" (run of %Y-%m-%d %H:%M UTC)", time.gmtime(r["segments"][0]["start"]))
+            label += time.strftime(", run of %Y-%m-%d %H:%M UTC", time.gmtime(r["segments"][0]["start"]))
+        if len({tuple(other["machines"]) for other in runs}) > 1:
+            # the cores (and GPU) of the machine, "2 cores" or "16 cores, NVIDIA H100 80GB HBM3"
+            label += ", " + " + ".join(name.split(" (", 1)[1].rstrip(")") for name in r["machines"])
         frames = np.array(curve["steps"]) * 4
         ax_frames.plot(frames / 1e6, curve["mean20"], lw=1, color=colour, label=label)
         ax_hours.plot(curve["train_hours"], curve["mean20"], lw=1, color=colour, label=label)
@@ -358,9 +369,12 @@ def plot(entry: str, runs: list, peer_runs: list) -> Path:
         ax.set_ylabel("20-episode mean training return")
         ax.set_ylim(-21.5, 21.5)
         ax.grid(alpha=0.3)
-    ax_frames.legend(fontsize=8)
     fig.suptitle(f"{entry} on Pong-v5 (benchmark/atari.py; CleanRL PPO in grey)")
     fig.tight_layout()
+    handles, labels = ax_frames.get_legend_handles_labels()
+    rows = (len(labels) + 1) // 2
+    fig.subplots_adjust(bottom=0.12 + 0.05 * rows)
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
     out = ROOT / "docs" / "img" / f"pong_{entry}.png"
     fig.savefig(out, dpi=100)
     plt.close(fig)
@@ -370,7 +384,8 @@ def plot(entry: str, runs: list, peer_runs: list) -> Path:
 def report() -> None:
     runs = []
     for seed_dir in sorted(RAW.glob("*_*")):
-        name = re.fullmatch(r"(\w+)_(\d+)(\.cut\d+)?", seed_dir.name)
+        # <entry>_<seed>, or with a suffix: .cut<time> (a cut peer run), .<machine> (a run made elsewhere)
+        name = re.fullmatch(r"([a-z0-9]+(?:_[a-z]+)*)_(\d+)(\.\w+)?", seed_dir.name)
         if name and name.group(1) in ENTRIES and (seed_dir / "segments.jsonl").exists():
             runs.append(measures(name.group(1), int(name.group(2)), seed_dir))
     # runs whose directories are gone (lost with an earlier work tree) keep their recorded figures

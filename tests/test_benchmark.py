@@ -4,6 +4,7 @@ TensorBoard events written here with known values, and the rule that stops the p
 import csv
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -174,6 +175,11 @@ def test_pong_figures_from_a_runs_events(tmp_path, monkeypatch):
     cut_dir = seed_dir.rename(tmp_path / "cleanrl_ppo_1.cut1700000000")
     cut = atari.measures("cleanrl_ppo", 1, cut_dir)
     assert cut["cut"] and cut["mean20_at_1M"] == r["mean20_at_1M"] and cut["step_to_18"] == r["step_to_18"]
+    # a run made on another machine (a GPU one) sits beside them as <entry>_<seed>.<machine>, named with its GPU
+    elsewhere = tmp_path / "impala_2.h100"
+    shutil.copytree(cut_dir, elsewhere)
+    gpu_machine = dict(machine, cores=16, gpu="GPU X")
+    (elsewhere / "segments.jsonl").write_text(json.dumps(dict(segment, machine=gpu_machine)) + "\n")
     # `report` records the runs found here and keeps, as recorded, the runs whose directories are gone
     monkeypatch.setattr(atari, "ROOT", tmp_path)
     monkeypatch.setattr(atari, "plot", lambda entry, runs, peer_runs: entry)
@@ -185,8 +191,11 @@ def test_pong_figures_from_a_runs_events(tmp_path, monkeypatch):
     runs = json.loads(out.read_text())["runs"]
     assert [(run["entry"], run["cut"], run["last_step"]) for run in runs] == [
         ("cleanrl_ppo", True, cut["last_step"]),  # read again from its directory, not the recorded copy
+        ("impala", False, cut["last_step"]),
         ("ddppo", False, cut["last_step"]),
     ]
+    assert runs[0]["machines"] == ["test (2 cores)"] and runs[1]["machines"] == ["test (16 cores, GPU X)"]
+    assert runs[1]["seed"] == 2
 
 
 def test_the_peer_is_stopped_only_past_2m_steps_with_a_20_episode_mean_of_18():
