@@ -24,6 +24,7 @@ curves against frames and against training hours into docs/img/pong_<entry>.png.
   python benchmark/atari.py report          # -> benchmark/results/atari_pong.json, docs/img/pong_*.png
   python benchmark/atari.py throughput --entries a3c apex r2d2 --minutes 5   # -> atari_throughput.json
   python benchmark/atari.py clip --entry impala --seed 1 --start 20   # -> docs/img/pong_impala.gif
+  python benchmark/atari.py clip --entry seed --seed 1 --machine h100 --start 20   # -> docs/img/pong_seed_h100.gif
 
 `throughput` runs each entry's command alone for a few minutes in a scratch directory and records its steps/s
 (for the files whose Pong runs outlast this machine's sessions, to project their time). `clip` cuts an excerpt
@@ -435,6 +436,7 @@ def main() -> None:
     cut.add_argument("--seed", type=int, default=1)
     cut.add_argument("--start", type=float, default=0.0, help="seconds into the video")
     cut.add_argument("--seconds", type=float, default=10.0)
+    cut.add_argument("--machine", default="", help="a run made elsewhere: <entry>_<seed>.<machine>/")
     a = p.parse_args()
     if a.what == "peer-venv":
         make_peer_venv()
@@ -444,8 +446,9 @@ def main() -> None:
     elif a.what == "throughput":
         throughput(a.entries, a.minutes, a.seed)
     elif a.what == "clip":
-        video = next((RAW / f"{a.entry}_{a.seed}").glob("runs/*/videos/eval_episode0.mp4"))
-        out = ROOT / "docs" / "img" / f"pong_{a.entry}.gif"
+        suffix = f".{a.machine}" if a.machine else ""
+        video = next((RAW / f"{a.entry}_{a.seed}{suffix}").glob("runs/*/videos/eval_episode0.mp4"))
+        out = ROOT / "docs" / "img" / f"pong_{a.entry}{suffix.replace('.', '_')}.gif"
         frames = clip(video, out, a.start, a.seconds)
         print(f"{out}: {frames} frames, {out.stat().st_size / 1024:.0f} KiB")
     else:
