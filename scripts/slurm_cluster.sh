@@ -7,8 +7,10 @@
 # munged runs as the munge user (started here only when none runs); slurmctld and slurmd run as root with the
 # config in DIR, so /etc/slurm is left alone. The node has this machine's CPUs (nproc) and is idle within seconds.
 # Job credentials live 10 s (cred_expire; SLURM's default is 120 s): a requeued job may start again that soon.
-# Finished jobs stay listed until the cluster stops (MinJobAge=0; the default purges them after 300 s): then
-# `sbatch --wait` asks every 2 s whether a job has ended (with the default it waits 2, 8, 32, 32, ... s).
+# Finished jobs stay listed for at least 10 s (MinJobAge=10; the default is 300 s, and SLURM 22.05 reads 0 as 2): then
+# `sbatch --wait` asks whether a job has ended after 2 s and every 8 s after (with the default: 2, 8, 32, 32, ... s).
+# Each job's end (state, exit code, times) is also written to DIR/jobcomp.log (jobcomp/filetxt), kept until DIR goes:
+# the scheduler's own record of finished jobs on a cluster without an accounting database.
 set -euo pipefail
 action="${1:?usage: scripts/slurm_cluster.sh start|stop DIR}"
 dir="${2:?usage: scripts/slurm_cluster.sh start|stop DIR}"
@@ -62,7 +64,9 @@ TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SchedulerType=sched/backfill
-MinJobAge=0
+MinJobAge=10
+JobCompType=jobcomp/filetxt
+JobCompLoc=$dir/jobcomp.log
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
