@@ -56,7 +56,7 @@ class Args:
     learning_rate: float = 2e-3  # the optimizer's learning rate
     anneal_lr: bool = True  # anneal the learning rate linearly to zero over total_timesteps (as in the paper)
     rmsprop_alpha: float = 0.99  # shared RMSProp's decay alpha (paper: 0.99)
-    rmsprop_eps: float = 0.1  # shared RMSProp's epsilon, inside the square root (paper: not stated)
+    rmsprop_eps: float = 1e-5  # shared RMSProp's epsilon, inside the square root (paper: not stated; see docs)
     adam_eps: float = 1e-5  # Adam's epsilon
     ent_coef: float = 0.01  # entropy bonus beta (paper: 0.01)
     vf_coef: float = 0.5  # value loss coefficient
@@ -289,7 +289,7 @@ class SharedRMSprop(torch.optim.Optimizer):
     Its state g is created here so that share_memory() moves it to shared memory before the workers
     fork; every worker's step() then updates the one g in place, without a lock (Hogwild)."""
 
-    def __init__(self, params, lr: float, alpha: float = 0.99, eps: float = 0.1):
+    def __init__(self, params, lr: float, alpha: float = 0.99, eps: float = 1e-5):
         super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps))
         for group in self.param_groups:
             for theta in group["params"]:
