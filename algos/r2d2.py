@@ -1044,6 +1044,9 @@ def start_actors(
         actors.append(context.Process(target=actor_loop, args=(actor, args, spec, link), daemon=True))
     for process in actors:
         process.start()
+    # stop_actors kills an actor wherever it is, even mid-put holding full_q's lock: then a bridge's put
+    # never reaches the pipe, and this process must not wait at exit to flush it
+    full_q.cancel_join_thread()
     bridges = []
     for rank in range(1, args.world_size):
         bridge_args = (args.num_actors + rank - 1, rank, groups[rank], args, buffers, store, free_q, full_q, control)

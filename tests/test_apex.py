@@ -4,6 +4,8 @@ blocks and learning with the defaults; and the smoke/torchrun/determinism/failur
 (algos/r2d2.py, which runs on the same actors, replay and links)."""
 
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ import torch
 from conftest import (
     LAUNCH_KEYS,
     LEARNED_FLOOR,
+    ROOT,
     SUMMARY_KEYS,
     assert_solves,
     assert_video_of_the_first_eval_episode,
@@ -351,6 +354,44 @@ def test_torchrun_two_ranks_deterministic_is_bitwise(runner, name):
     a, b = runner.summary("CartPole-v1", "a"), runner.summary("CartPole-v1", "b")
     assert a["world_size"] == 2 and a["total_actors"] == 2 and a["global_step"] >= 6144
     assert {k: v for k, v in a.items() if k not in TIMING} == {k: v for k, v in b.items() if k not in TIMING}
+
+
+# The learner process's side of the end of a run: its actors are killed (one of them perhaps mid-put, holding the full
+# queue's lock), then a remote actor's bridge puts its last block; the process must still exit. Without
+# cancel_join_thread its exit waited for that put to reach the pipe, for ever: it hung Ape-X's two-rank test once in
+# CI, after the summary.
+END_OF_RUN = """
+import importlib.util, sys, time
+spec = importlib.util.spec_from_file_location("m", sys.argv[1])
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+args = m.Args(num_actors=1)
+m.agree_on_actors(args, 0, 0)
+env_spec = m.envpool.make_spec(args.env_id)
+flat = m.flat_params(m.make_network(args, env_spec))
+buffers = m.block_buffers(args, env_spec, args.num_buffers)
+store = m.ParameterStore(flat.numel())
+store.publish(flat, 0)
+control = {}
+actors, _, free_q, full_q = m.start_actors(args, env_spec, {}, buffers, store, control, m.Heartbeats(1))
+index = full_q.get(timeout=30)
+# the lock an actor's queue thread holds while it writes (CPython's multiprocessing.Queue._wlock)
+fork = m.mp.get_context("fork")
+got = fork.Event()
+holder = fork.Process(target=lambda: (full_q._wlock.acquire(), got.set(), time.sleep(60)), daemon=True)
+holder.start()
+assert got.wait(30)
+m.stop_actors(actors + [holder], control)
+full_q.put(index)
+print("exiting", flush=True)
+"""
+
+
+@pytest.mark.parametrize("name", ALGOS)
+def test_the_learner_exits_when_a_killed_actor_held_a_queue_lock(name):
+    command = [sys.executable, "-c", END_OF_RUN, str(ROOT / "algos" / f"{name}.py")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "exiting" in done.stdout, done.stderr[-2000:]
 
 
 def test_learns_cartpole_with_a_short_budget(runner):
