@@ -778,7 +778,10 @@ def spawn_workers(args: Args, stop: dict) -> int:
     )
     workers.extend(context.processes)
     if stop["signal"]:
-        forward_signal(stop, workers, stop["signal"])
+        # a stop that came while they were forked: passed on as SIGUSR1, the same request to them. A Ctrl-C's
+        # SIGINT would raise KeyboardInterrupt in a worker forked after it: the parent's handler had armed the
+        # second Ctrl-C, and the worker inherits that until it installs its own
+        forward_signal(stop, workers, signal.SIGUSR1)
     try:
         # grace_period: once one worker failed, the others get 2 s to end, then SIGTERM, 2 s more, then SIGKILL
         # (torch's default waits 30 s for a worker that is stopped, and so cannot act on SIGTERM)

@@ -271,3 +271,34 @@ def test_the_first_ctrl_c_asks_for_a_stop_and_the_second_raises_keyboard_interru
     finally:
         for number, handler in saved.items():
             signal.signal(number, handler)
+
+
+class StartedWorkers:
+    """torch's start_processes context as spawn_workers sees it: one live worker (this process's pid), joined at
+    once."""
+
+    processes = [type("Worker", (), {"pid": os.getpid(), "is_alive": lambda self: True})()]
+
+    def join(self, timeout=None, grace_period=None) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("name", ["es", "fedpg", "ga"])
+def test_a_stop_kept_while_the_workers_start_reaches_them_as_sigusr1(name, monkeypatch):
+    """A Ctrl-C while spawn_workers forks arms the parent's second-Ctrl-C switch, and a worker forked after that
+    inherits it until it installs its own handlers: the kept stop must reach the workers as SIGUSR1, which they
+    take as the same request, not as SIGINT, which raised KeyboardInterrupt there (exit 1, or a worker gone
+    before the rendezvous and the job waiting for it)."""
+    module = load_algo(name)
+    sent = []
+    monkeypatch.setattr(module.mp, "start_processes", lambda *args, **kwargs: StartedWorkers())
+    monkeypatch.setattr(module.os, "kill", lambda pid, number: sent.append(number))
+    monkeypatch.setenv("MASTER_ADDR", "")
+    monkeypatch.setenv("MASTER_PORT", "")
+    saved = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        assert module.spawn_workers(module.Args(num_workers=2), {"signal": signal.SIGINT}) == 0
+    finally:
+        for number, handler in saved.items():
+            signal.signal(number, handler)
+    assert sent == [signal.SIGUSR1]
