@@ -358,8 +358,8 @@ def test_torchrun_two_ranks_deterministic_is_bitwise(runner, name):
 
 # The learner process's side of the end of a run: its actors are killed (one of them perhaps mid-put, holding the full
 # queue's lock), then a remote actor's bridge puts its last block; the process must still exit. Without
-# cancel_join_thread its exit waited for that put to reach the pipe, for ever: it hung Ape-X's two-rank test once in
-# CI, after the summary.
+# cancel_join_thread its exit waited for that put to reach the pipe, for ever: a likely cause of the hang of Ape-X's
+# two-rank test once in CI, after the summary (not caught in the act).
 END_OF_RUN = """
 import importlib.util, sys, time
 spec = importlib.util.spec_from_file_location("m", sys.argv[1])
