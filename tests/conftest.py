@@ -173,6 +173,19 @@ def wait_for(predicate, timeout: float, interval: float = 0.02) -> bool:
     return predicate()
 
 
+def shared_memory_left(before: set, timeout: float = 2.0) -> set:
+    """The entries of /dev/shm new since `before` that stay (conventions §8 allows none). A leak stays, while what
+    a test running beside this one (`pytest -n 2`) has there goes within `timeout`. Named semaphores (sem.mp-*)
+    are left out: every file forks, and CPython unlinks a fork context's semaphores as it makes them, so only the
+    tests' own spawn helpers (test_ddppo's gloo workers) keep them there while they run."""
+
+    def new() -> set:
+        return {entry for entry in os.listdir("/dev/shm") if not entry.startswith("sem.mp-")} - before
+
+    wait_for(lambda: not new(), timeout)
+    return new()
+
+
 def signal_once_training(runner: "Runner", proc: subprocess.Popen, send, timeout: float) -> tuple:
     """Wait until the run trains (its TensorBoard event file exists), give it a second, note its processes, call
     send() (the fault), and wait for proc to end. Returns (its output, seconds from send() to its end, the

@@ -234,6 +234,7 @@ def test_image_network_shapes():
     assert out.shape == (2, 3, 6) and values.shape == (2, 3) and state.shape == (2, 3, 256)
 
 
+@pytest.mark.learning
 def test_learns_cartpole_with_defaults(runner):
     assert_solves(runner, "a3c")
 

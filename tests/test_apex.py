@@ -394,6 +394,7 @@ def test_the_learner_exits_when_a_killed_actor_held_a_queue_lock(name):
     assert done.returncode == 0 and "exiting" in done.stdout, done.stderr[-2000:]
 
 
+@pytest.mark.learning
 def test_learns_cartpole_with_a_short_budget(runner):
     """15% of the defaults' budget (conventions §9): with --total-timesteps 60000 the final evaluation reached
     LEARNED_FLOOR on every one of 10 seeds (116-438 on the AMD EPYC; `python benchmark/run.py learning_proofs`,

@@ -508,6 +508,7 @@ def test_mujoco_statistics_saved_with_the_model_and_restored_on_resume(runner):
     assert resumed["obs_rms.count"].item() == resumed["return_rms.count"].item() == 2048  # 1024 restored + 1024
 
 
+@pytest.mark.learning
 def test_learns_cartpole_with_defaults(runner):
     assert_solves(runner, "ddppo")
 

@@ -126,3 +126,10 @@ def test_the_guides_check_reports_unexplained_and_orphaned_hunks():
     assert "explains a hunk that no longer exists: impala/seed impala: gone | seed: gone" in reading_guides.problems(
         orphan
     )
+
+
+def test_ci_runs_the_readme_test_command():
+    """.ci/run ends with the command README's "Tests" section gives, so CI runs what a user is told to run."""
+    readme = (ROOT / "README.md").read_text()
+    command = re.search(r"## Tests\n\n```bash\n(.+)\n```", readme).group(1)
+    assert (ROOT / ".ci" / "run").read_text().rstrip().splitlines()[-1] == command

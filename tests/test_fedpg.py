@@ -314,6 +314,7 @@ def test_smoke_torchrun_two_clients(runner):
     assert_video_of_the_first_eval_episode(runner.run_dir(ENV, "fedpg"))  # the server evaluates
 
 
+@pytest.mark.learning
 def test_learns_cartpole_with_a_short_budget(runner):
     """A third of the defaults' budget (conventions §9): with --total-timesteps 500000 the final evaluation reached
     LEARNED_FLOOR on every one of 10 seeds (494-500 on the AMD EPYC; `python benchmark/run.py learning_proofs`,
@@ -321,6 +322,7 @@ def test_learns_cartpole_with_a_short_budget(runner):
     assert_solves(runner, "fedpg", "--total-timesteps", 500_000, threshold=LEARNED_FLOOR)
 
 
+@pytest.mark.learning
 def test_fedpg_br_learns_cartpole_with_3_of_10_sign_flipping_clients(runner):
     """The same budget with FedPG-BR against 3 of 10 sign-flipping clients: 224-500 over 10 seeds (the same run)."""
     args = ["--aggregator", "fedpg-br", "--num-byzantine", 3, "--attack", "sign-flip", "--total-timesteps", 500_000]

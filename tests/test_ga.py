@@ -134,6 +134,7 @@ def test_smoke_torchrun_two_workers(runner):
     assert_video_of_the_first_eval_episode(runner.run_dir(ENV, "ga"))  # rank 0 evaluates the elite
 
 
+@pytest.mark.learning
 def test_learns_cartpole_with_defaults(runner):
     assert_solves(runner, "ga")
 

@@ -246,6 +246,7 @@ def test_torchrun_two_ranks(runner):
     assert s["world_size"] == 2 and s["global_step"] == 12800
 
 
+@pytest.mark.learning
 def test_learns_cartpole_with_a_short_budget(runner):
     """Under a third of the defaults' budget (conventions §9): with --total-timesteps 250000 the final evaluation
     reached LEARNED_FLOOR on every one of 10 seeds (222-500, 4 of them 500, on the AMD EPYC; `python

@@ -328,6 +328,7 @@ def test_masked_cartpole_keeps_positions_only():
     assert r2d2.observe(obs, True).tolist() == [[0.0, 2.0], [4.0, 6.0]] and r2d2.observe(obs, False) is obs
 
 
+@pytest.mark.learning
 def test_learns_masked_cartpole_with_a_short_budget(runner):
     """Learning with recurrence at 20% of the defaults' budget (conventions §9): with --total-timesteps 80000 the
     final evaluation on masked CartPole reached LEARNED_FLOOR on every one of 10 seeds (155-497 on the AMD EPYC;

@@ -5,6 +5,7 @@ import os
 import signal
 import time
 
+import pytest
 from conftest import (
     LEARNED_FLOOR,
     SUMMARY_KEYS,
@@ -52,6 +53,7 @@ def test_fewest_buffers_accepted_do_not_deadlock(runner):
     assert runner.summary("CartPole-v1", "seed")["global_step"] == 3200
 
 
+@pytest.mark.learning
 def test_learns_cartpole_with_a_short_budget(runner):
     """A quarter of the defaults' budget (conventions §9): with --total-timesteps 100000 the final evaluation reached
     LEARNED_FLOOR on every one of 10 seeds (367-500, 9 of them 500, on the AMD EPYC; `python benchmark/run.py

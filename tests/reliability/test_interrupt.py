@@ -24,6 +24,7 @@ from conftest import (
     load_algo,
     progress_of,
     session_members,
+    shared_memory_left,
     signal_once_training,
     updates_allowed,
     wait_for,
@@ -66,7 +67,7 @@ def assert_stopped_cleanly(runner, proc, out: str, shared_memory_before: set) ->
     assert "signal received: checkpoint" in out, out[-2000:]
     assert list(runner.cwd.glob("runs/*/checkpoint.pt"))
     assert wait_for(lambda: not session_members(proc.pid), 5), f"left behind: {session_members(proc.pid)}"
-    assert set(os.listdir("/dev/shm")) <= shared_memory_before
+    assert not shared_memory_left(shared_memory_before)
 
 
 @pytest.mark.parametrize("name", ALGOS)
@@ -250,7 +251,7 @@ def test_a_second_ctrl_c_ends_the_run_at_once(runner, name):
         assert seconds < 10, f"took {seconds:.1f} s to stop"
         assert proc.returncode in (0, -signal.SIGINT), out[-2000:]
         assert wait_for(lambda: not session_members(proc.pid), 5), f"left behind: {session_members(proc.pid)}"
-        assert set(os.listdir("/dev/shm")) <= shared_memory_before
+        assert not shared_memory_left(shared_memory_before)
     for checkpoint in runner.cwd.glob("runs/*/checkpoint.pt"):
         assert torch.load(checkpoint, weights_only=True)["update"] >= 1
 

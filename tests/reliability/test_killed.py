@@ -12,7 +12,16 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import algo_command, alive, child_env, descendants, kill_one_worker, session_members, wait_for
+from conftest import (
+    algo_command,
+    alive,
+    child_env,
+    descendants,
+    kill_one_worker,
+    session_members,
+    shared_memory_left,
+    wait_for,
+)
 
 ALGOS = ["a3c", "apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"]
 FOREVER = ["--env-id", "CartPole-v1", "--total-timesteps", 10**8]
@@ -81,7 +90,7 @@ def test_a_killed_launcher_leaves_nothing_behind(runner, name, nproc):
             return sorted(set(alive(job) + session_members(session)))
 
         assert wait_for(lambda: not left(), 10), f"{left()} outlived the launcher by 10 s"
-        assert set(os.listdir("/dev/shm")) <= shared_memory_before
+        assert not shared_memory_left(shared_memory_before)
     finally:
         for pid in set(alive(job) + session_members(session)):
             os.kill(pid, signal.SIGKILL)
