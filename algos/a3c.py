@@ -506,10 +506,14 @@ def start_workers(args: Args, spec, flat, optimizer, counter, halt, go, segment:
 
 
 def stop_workers(workers: list) -> None:
-    """Kill and reap every worker (a no-op for one that ended on its own)."""
+    """Kill and reap every worker (a no-op for one that ended on its own), with Ctrl-C ignored
+    meanwhile: raised here, it would leave a worker running, and the interpreter's exit would wait for it for
+    ever (workers ignore the SIGTERM that exit sends them)."""
+    previous_handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
     for worker in workers:
         worker.kill()
         worker.join()
+    signal.signal(signal.SIGINT, previous_handler)
 
 
 def receive(messages, workers: list) -> list:

@@ -711,6 +711,17 @@ def start_actors(
     return actors, free_q, full_q
 
 
+def stop_actors(actors: list) -> None:
+    """Kill and reap every actor, with Ctrl-C ignored meanwhile: raised here, it would leave an actor running, and
+    the interpreter's exit would wait for it for ever (actors ignore the SIGTERM that exit sends them)."""
+    previous_handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for process in actors:
+        process.kill()
+    for process in actors:
+        process.join()
+    signal.signal(signal.SIGINT, previous_handler)
+
+
 def next_batch(
     args: Args,
     buffers: dict,
@@ -1331,10 +1342,7 @@ def main(args: Args) -> int:
         print(f"{os.path.basename(sys.argv[0])}: error: rank {args.rank}: {e}; stopping", file=sys.stderr, flush=True)
         exit_code = 1
     finally:
-        for process in actors:
-            process.kill()
-        for process in actors:
-            process.join()
+        stop_actors(actors)
     if writer is not None:
         writer.close()
         if args.track:

@@ -1057,11 +1057,15 @@ def start_actors(
 
 
 def stop_actors(actors: list, control: dict) -> None:
+    """Kill and reap every actor, with Ctrl-C ignored meanwhile: raised here, it would leave an actor running, and
+    the interpreter's exit would wait for it for ever (actors ignore the SIGTERM that exit sends them)."""
     control["stop"] = True
+    previous_handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
     for process in actors:
         process.kill()
     for process in actors:
         process.join()
+    signal.signal(signal.SIGINT, previous_handler)
 
 
 def next_block(

@@ -729,6 +729,17 @@ def start_actors(args: Args, slots: dict, start_update: int):
     return actors, pipes
 
 
+def stop_actors(actors: list) -> None:
+    """Kill and reap every actor, with Ctrl-C ignored meanwhile: raised here, it would leave an actor running, and
+    the interpreter's exit would wait for it for ever (actors ignore the SIGTERM that exit sends them)."""
+    previous_handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for process in actors:
+        process.kill()
+    for process in actors:
+        process.join()
+    signal.signal(signal.SIGINT, previous_handler)
+
+
 def start_bridges(args: Args, groups: dict, slots: dict, pipes: list, control: dict) -> list:
     """Rank 0's threads standing in for the remote actors, one per rank > 0 (actor indices after the
     local ones)."""
@@ -1415,10 +1426,7 @@ def main(args: Args) -> int:
         exit_code = 1
     finally:
         control["stop"] = True
-        for process in actors:
-            process.kill()
-        for process in actors:
-            process.join()
+        stop_actors(actors)
         inference.join(timeout=10)
     close_writer(args, writer)
     if not exit_code:

@@ -274,6 +274,54 @@ def test_the_first_ctrl_c_asks_for_a_stop_and_the_second_raises_keyboard_interru
             signal.signal(number, handler)
 
 
+class KilledWithCtrlC:
+    """An actor (or A3C worker) whose kill() meets a Ctrl-C: SIGINT to this process, then the real kill."""
+
+    def __init__(self, process):
+        self.process = process
+
+    def kill(self) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+        self.process.kill()
+
+    def join(self) -> None:
+        self.process.join()
+
+
+@pytest.mark.parametrize("name", ["a3c", "apex", "impala", "r2d2", "seed"])
+def test_a_ctrl_c_while_the_actors_are_stopped_leaves_none_running(name):
+    """A second Ctrl-C that reached IMPALA's learner while it killed its actors (two tests sharing the CPUs,
+    `dc5c875`) raised KeyboardInterrupt there: an actor was left running, and the interpreter's exit waited for it
+    (actors ignore the SIGTERM that exit sends) past the test's 30 s. The files that fork actors or workers stop
+    them with Ctrl-C ignored, then put the handler back (in-process here, the handler restored afterwards)."""
+    module = load_algo(name)
+    context = torch.multiprocessing.get_context("fork")
+    processes = [context.Process(target=time.sleep, args=(60,), daemon=True) for _ in range(2)]
+    for process in processes:
+        process.start()
+    saved = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        actors = [KilledWithCtrlC(process) for process in processes]
+        try:
+            if name == "a3c":
+                module.stop_workers(actors)
+            elif name in ("apex", "r2d2"):
+                module.stop_actors(actors, {})
+            else:
+                module.stop_actors(actors)
+        except KeyboardInterrupt:
+            pytest.fail("Ctrl-C raised while the actors were stopped")
+        assert not any(process.is_alive() for process in processes)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, saved)
+        for process in processes:
+            process.kill()
+            process.join()
+
+
 class StartedWorkers:
     """torch's start_processes context as spawn_workers sees it: one live worker (this process's pid), joined at
     once."""
