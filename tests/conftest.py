@@ -176,8 +176,9 @@ def wait_for(predicate, timeout: float, interval: float = 0.02) -> bool:
 def shared_memory_left(before: set, timeout: float = 2.0) -> set:
     """The entries of /dev/shm new since `before` that stay (conventions §8 allows none). A leak stays, while what
     a test running beside this one (`pytest -n 2`) has there goes within `timeout`. Named semaphores (sem.mp-*)
-    are left out: every file forks, and CPython unlinks a fork context's semaphores as it makes them, so only the
-    tests' own spawn helpers (test_ddppo's gloo workers) keep them there while they run."""
+    are left out: every file forks (A3C's shared counters through the default context, fork on Linux before
+    Python 3.14), and CPython unlinks a fork context's semaphores as it makes them, so only the tests' own spawn
+    helpers (test_ddppo's gloo workers) keep them there while they run."""
 
     def new() -> set:
         return {entry for entry in os.listdir("/dev/shm") if not entry.startswith("sem.mp-")} - before
