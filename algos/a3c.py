@@ -499,9 +499,14 @@ def start_workers(args: Args, spec, flat, optimizer, counter, halt, go, segment:
     workers = []
     for index in range(args.num_workers):
         shared = (flat, optimizer, counter, halt, go, messages, segment, os.getpid())
-        worker = context.Process(target=worker_loop, args=(index, args, spec, *shared), daemon=True)
-        worker.start()
-        workers.append(worker)
+        workers.append(context.Process(target=worker_loop, args=(index, args, spec, *shared), daemon=True))
+    # a failed fork or a second Ctrl-C here: the workers already started must not outlive it
+    try:
+        for worker in workers:
+            worker.start()
+    except BaseException:
+        stop_workers([worker for worker in workers if worker.pid is not None])
+        raise
     return workers, messages
 
 

@@ -865,17 +865,22 @@ def start_actors(
     for actor in range(args.num_actors):
         link = LocalLink(buffers, store, free_q, full_q, heartbeats, actor)
         actors.append(context.Process(target=actor_loop, args=(actor, args, spec, link), daemon=True))
-    for process in actors:
-        process.start()
-    # stop_actors kills an actor wherever it is, even mid-put holding full_q's lock: then a bridge's put
-    # never reaches the pipe, and this process must not wait at exit to flush it
-    full_q.cancel_join_thread()
     bridges = []
     for rank in range(1, args.world_size):
         bridge_args = (args.num_actors + rank - 1, rank, groups[rank], args, buffers, store, free_q, full_q, control)
         bridges.append(threading.Thread(target=remote_bridge, args=bridge_args, daemon=True))
-    for bridge in bridges:
-        bridge.start()
+    # a failed fork or thread, or a second Ctrl-C, here: the actors already started must not outlive it
+    try:
+        for process in actors:
+            process.start()
+        # stop_actors kills an actor wherever it is, even mid-put holding full_q's lock: then a bridge's put
+        # never reaches the pipe, and this process must not wait at exit to flush it
+        full_q.cancel_join_thread()
+        for bridge in bridges:
+            bridge.start()
+    except BaseException:
+        stop_actors([process for process in actors if process.pid is not None], control)
+        raise
     return actors, bridges, free_q, full_q
 
 
@@ -1534,26 +1539,27 @@ def main(args: Args) -> int:
     # episodes of these envs count for the threshold
     counted_epsilon = max(args.threshold_epsilon, epsilon.min().item())
 
-    # Shared memory and actors first (fork before the learner computes anything),
-    # then the replay and logging.
+    # Shared memory and actors first (fork before the learner computes anything), then the replay and logging.
     buffers = block_buffers(args, spec, args.num_buffers)
     store = ParameterStore(num_params)
     store.publish(flat_params(q_net), args.start_round)
     control = {}
     heartbeats = Heartbeats(args.num_actors)
     actors, bridges, free_q, full_q = start_actors(args, spec, groups, buffers, store, control, heartbeats)
-    fields = {key: buffers[key][0, 0] for key in TRANSITION_KEYS}
-    replay = PrioritizedReplay(args.buffer_size, fields, args.alpha, args.priority_eps, device)
-    segment_start = restore_replay(replay, progress, checkpoint_path)
-    rng = learner_rng(args, args.start_round)
-    writer = open_writer(args, run_dir, progress)
-    stats = new_stats(progress, args.start_round)
-    pending = {}
-    last_print = 0.0
-    saved_at = progress["update"]
     exit_code = 0
-    clock = start_clock(progress)
+    # whatever ends this (an exception too: a replay too large for memory), no actor outlives it: they ignore
+    # the SIGTERM of exit
     try:
+        fields = {key: buffers[key][0, 0] for key in TRANSITION_KEYS}
+        replay = PrioritizedReplay(args.buffer_size, fields, args.alpha, args.priority_eps, device)
+        segment_start = restore_replay(replay, progress, checkpoint_path)
+        rng = learner_rng(args, args.start_round)
+        writer = open_writer(args, run_dir, progress)
+        stats = new_stats(progress, args.start_round)
+        pending = {}
+        last_print = 0.0
+        saved_at = progress["update"]
+        clock = start_clock(progress)
         while progress["global_step"] < args.total_timesteps:
             # COLLECT: the next block into the replay (deterministic mode: by round, then actor)
             round_, actor = divmod(args.start_round * args.total_actors + stats["blocks"], args.total_actors)

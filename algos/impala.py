@@ -706,8 +706,13 @@ def start_actors(
     for actor in range(args.num_actors):
         actor_args = (actor, args, spec, buffers, store, free_q, full_q, start_update, heartbeats)
         actors.append(context.Process(target=actor_loop, args=actor_args, daemon=True))
-    for process in actors:
-        process.start()
+    # a failed fork or a second Ctrl-C here: the actors already started must not outlive it
+    try:
+        for process in actors:
+            process.start()
+    except BaseException:
+        stop_actors([process for process in actors if process.pid is not None])
+        raise
     return actors, free_q, full_q
 
 
@@ -1286,13 +1291,14 @@ def main(args: Args) -> int:
     store.publish(flat, start_update)
     heartbeats = Heartbeats(args.num_actors)
     actors, free_q, full_q = start_actors(args, spec, buffers, store, num_buffers, start_update, heartbeats)
-    writer = open_writer(args, run_dir, progress) if args.rank == 0 else None
-    stats = new_stats()
-    pending = {}
-    last_print = 0.0
     exit_code = 0
-    clock = start_clock(progress)
+    # whatever ends this (an exception too), no actor outlives it: they ignore the SIGTERM of exit
     try:
+        writer = open_writer(args, run_dir, progress) if args.rank == 0 else None
+        stats = new_stats()
+        pending = {}
+        last_print = 0.0
+        clock = start_clock(progress)
         for update in range(start_update, args.num_updates):
             # COLLECT: a batch of unrolls (deterministic mode: round `update`'s, in a fixed order)
             wait_start = time.time()

@@ -724,8 +724,13 @@ def start_actors(args: Args, slots: dict, start_update: int):
     for actor in range(args.num_actors):
         actor_args = (actor, args, slots, pipes[actor][1], None, start_update)
         actors.append(context.Process(target=actor_loop, args=actor_args, daemon=True))
-    for process in actors:
-        process.start()
+    # a failed fork or a second Ctrl-C here: the actors already started must not outlive it
+    try:
+        for process in actors:
+            process.start()
+    except BaseException:
+        stop_actors([process for process in actors if process.pid is not None])
+        raise
     return actors, pipes
 
 
@@ -1369,21 +1374,22 @@ def main(args: Args) -> int:
 
     # Actor processes first (fork before the learner computes anything), then the bridges and the inference thread.
     slots = actor_slots(args, spec, args.total_actors)
-    actors, pipes = start_actors(args, slots, start_update)
     inference_stats = {"inference_batch_mean": [], "inference_latency_ms": [], "actor_wait_ms": []}
     control = {"version": start_update, "stats": inference_stats}
-    bridges = start_bridges(args, groups, slots, pipes, control)
-    buffers = unroll_buffers(args, spec, num_buffers, agent.initial_state(1).shape[-1])
-    lock = threading.Lock()
-    inference, free_q, full_q = start_inference(
-        args, agent, lock, slots, pipes, buffers, num_buffers, control, device, start_update
-    )
-    writer = open_writer(args, run_dir, progress)
-    stats = new_stats()
-    last_print = 0.0
+    actors, pipes = start_actors(args, slots, start_update)
     exit_code = 0
-    clock = start_clock(progress)
+    # whatever ends this (an exception too), no actor outlives it: they ignore the SIGTERM of exit
     try:
+        bridges = start_bridges(args, groups, slots, pipes, control)
+        buffers = unroll_buffers(args, spec, num_buffers, agent.initial_state(1).shape[-1])
+        lock = threading.Lock()
+        inference, free_q, full_q = start_inference(
+            args, agent, lock, slots, pipes, buffers, num_buffers, control, device, start_update
+        )
+        writer = open_writer(args, run_dir, progress)
+        stats = new_stats()
+        last_print = 0.0
+        clock = start_clock(progress)
         for update in range(start_update, args.num_updates):
             # COLLECT: the first unrolls that the inference thread completed
             wait_start = time.time()
@@ -1427,7 +1433,7 @@ def main(args: Args) -> int:
     finally:
         control["stop"] = True
         stop_actors(actors)
-        inference.join(timeout=10)
+    inference.join(timeout=10)
     close_writer(args, writer)
     if not exit_code:
         stop_remote_actors(args, slots, pipes, bridges, control)

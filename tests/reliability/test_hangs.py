@@ -7,8 +7,10 @@ import os
 import signal
 import subprocess
 import time
+from types import SimpleNamespace
 
 import pytest
+import torch
 from conftest import (
     algo_command,
     alive,
@@ -16,6 +18,7 @@ from conftest import (
     free_port,
     kill_one_worker,
     load_algo,
+    session_members,
     signal_once_training,
     wait_for,
 )
@@ -230,3 +233,81 @@ def test_seed_names_the_actor_it_lost_a_local_one_by_its_pid_a_remote_one_by_its
         control = {"error": (actor, "silent for 5 s (stopped or hung)")}
         with pytest.raises(seed.ActorDied, match=expected):
             seed.next_batch(args, queue.Queue(), actors, inference, control)
+
+
+@pytest.mark.parametrize("name", ["a3c", "apex", "impala", "r2d2", "seed"])
+def test_an_error_after_the_actors_started_ends_the_run_at_once_with_none_left(runner, name):
+    """The learner fails once its actors run (here its event file cannot be made: a file stands where the run's
+    folder goes; a replay too large for memory fails at the same place in Ape-X and R2D2). The actors ignore the
+    SIGTERM that the interpreter's exit sends them, so unless the learner kills them the exit waits for ever
+    (Ape-X, IMPALA, R2D2 and SEED did, until the start-up after start_actors moved into the `try` that stops
+    them)."""
+    (runner.cwd / "runs").mkdir()
+    (runner.cwd / "runs" / "CartPole-v1__blocked__1").write_text("")
+    proc = runner.start(name, "--env-id", "CartPole-v1", "--exp-name", "blocked", "--total-timesteps", 10**6)
+    try:
+        output, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("the run was still going 30 s after its start: its exit waits on actors left running")
+    assert proc.returncode != 0
+    assert "FileExistsError: [Errno 17] File exists: 'runs/CartPole-v1__blocked__1'" in output
+    assert wait_for(lambda: not session_members(proc.pid), 5), f"left running: {session_members(proc.pid)}"
+
+
+class SecondStartFails:
+    """A fork context whose processes sleep (whatever their target) and whose second start raises `error`, as a
+    fork refused for lack of memory or a second Ctrl-C during the forks would."""
+
+    def __init__(self, error: BaseException):
+        self.fork = torch.multiprocessing.get_context("fork")
+        self.error = error
+        self.started = []
+
+    def __getattr__(self, name):
+        return getattr(self.fork, name)
+
+    def Process(self, target, args, daemon):
+        process = self.fork.Process(target=time.sleep, args=(60,), daemon=daemon)
+        start = process.start
+
+        def start_or_fail():
+            if self.started:
+                raise self.error
+            start()
+            self.started.append(process)
+
+        process.start = start_or_fail
+        return process
+
+
+# each file's start of its actors (A3C: workers), with arguments enough to reach the forks
+START_ACTORS = {
+    "a3c": lambda m: m.start_workers(SimpleNamespace(num_workers=3), None, None, None, None, None, None, 0),
+    "apex": lambda m: m.start_actors(SimpleNamespace(num_buffers=4, num_actors=3, world_size=1), *[{}] * 6),
+    "impala": lambda m: m.start_actors(SimpleNamespace(num_actors=3), None, {}, None, 4, 0, None),
+    "r2d2": lambda m: m.start_actors(SimpleNamespace(num_buffers=4, num_actors=3, world_size=1), *[{}] * 6),
+    "seed": lambda m: m.start_actors(SimpleNamespace(num_actors=3, total_actors=3), {}, 0),
+}
+
+
+@pytest.mark.parametrize(
+    "error", [OSError(12, "Cannot allocate memory"), KeyboardInterrupt()], ids=["oserror", "ctrl-c"]
+)
+@pytest.mark.parametrize("name", sorted(START_ACTORS))
+def test_an_error_while_the_actors_start_kills_those_already_started(name, error, monkeypatch):
+    """The actors forked before a failing one are killed and reaped, and the error goes on: otherwise they would
+    run on, unknown to the learner's `finally`, and the interpreter's exit would wait for them for ever."""
+    module = load_algo(name)
+    context = SecondStartFails(error)
+    monkeypatch.setattr(module.mp, "get_context", lambda method: context)
+    try:
+        with pytest.raises(type(error)):
+            START_ACTORS[name](module)
+        assert len(context.started) == 1
+        assert context.started[0].exitcode == -signal.SIGKILL
+    finally:
+        for process in context.started:
+            process.kill()
+            process.join()
