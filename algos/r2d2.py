@@ -1721,7 +1721,6 @@ def main(args: Args) -> int:
     rescaling = rescaling_eps(args, spec)
     # episodes of these envs count for the threshold
     counted_epsilon = max(args.threshold_epsilon, epsilon.min().item())
-
     # Shared memory and actors first (fork before the learner computes anything), then the replay and logging.
     buffers = block_buffers(args, spec, args.num_buffers)
     store = ParameterStore(num_params)
@@ -1730,8 +1729,7 @@ def main(args: Args) -> int:
     heartbeats = Heartbeats(args.num_actors)
     actors, bridges, free_q, full_q = start_actors(args, spec, groups, buffers, store, control, heartbeats)
     exit_code = 0
-    # whatever ends this (an exception too: a replay too large for memory), no actor outlives it: they ignore
-    # the SIGTERM of exit
+    # whatever ends this (an exception too: a replay too large), no actor outlives it: they ignore exit's SIGTERM
     try:
         fields = {key: buffers[key][0, 0] for key in SEQUENCE_KEYS}
         replay = PrioritizedReplay(args.buffer_size, fields, args.alpha, args.priority_eps, device)
