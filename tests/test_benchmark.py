@@ -1,5 +1,6 @@
 """benchmark/: the runner (run.py: commands, a suite run here, its tables), and atari.py's figures, read back from
-TensorBoard events written here with known values, and the rule that stops the peer."""
+TensorBoard events written here with known values, the rule that stops the peer, and the start-up forked workers
+report."""
 
 import csv
 import json
@@ -339,6 +340,34 @@ def test_overview_panel_is_a_20_episode_mean_per_seed_or_the_logged_generation_m
     assert values == pytest.approx([2.0 * (i + 9.5) for i in range(101)])
     title, lines = plot.panel(tmp_path, "es", "charts/episodic_return")
     assert title == "es (CartPole-v1)" and lines[0][1:] == ([2.0 * i for i in range(6)], False)
+
+
+# spawn_workers with a worker_entry that prints how far its process start lies from the launcher's
+FORKED_START = """
+import importlib.util, sys, time
+spec = importlib.util.spec_from_file_location("algo", sys.argv[1])
+algo = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(algo)
+# read without filling the cache: the launcher's own start, a second before it forks
+launcher = algo.process_start_time.__wrapped__()
+time.sleep(1.0)
+algo.worker_entry = lambda index, *_: print(index, algo.process_start_time() - launcher, flush=True)
+sys.exit(algo.spawn_workers(algo.Args(num_workers=2), algo.install_stop_handlers()))
+"""
+
+
+@pytest.mark.parametrize("name", ["es", "fedpg", "ga"])
+def test_forked_workers_count_start_up_from_the_launchers_start(name):
+    """A worker forked by --num-workers starts at the fork; its startup_s must still count from the launcher's start
+    (its imports), which spawn_workers caches before forking. Not from a timed run: a fork a second after the start
+    shows the difference whatever the machine's speed."""
+    script = Path(__file__).resolve().parents[1] / "algos" / f"{name}.py"
+    proc = subprocess.run(
+        [sys.executable, "-c", FORKED_START, str(script)], env=child_env(), capture_output=True, text=True, timeout=60
+    )
+    check_ok(proc)
+    offsets = dict(line.split() for line in proc.stdout.splitlines())
+    assert sorted(offsets) == ["0", "1"] and all(abs(float(s)) < 0.05 for s in offsets.values()), offsets
 
 
 def test_a_peers_summary_has_the_keys_run_py_reads_with_start_up_apart_from_training():

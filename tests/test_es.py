@@ -162,8 +162,6 @@ def test_result_does_not_depend_on_worker_count(runner):
     two = runner.summary(ENV, "two")
     assert two["world_size"] == 2
     assert_same_result(one, two)
-    # forked workers report the launcher's start-up (its imports), not their own since the fork
-    assert two["startup_s"] > 0.5 * one["startup_s"]
 
 
 def test_a_worker_without_pairs_runs_and_changes_nothing(runner):

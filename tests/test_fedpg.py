@@ -349,8 +349,6 @@ def test_result_does_not_depend_on_the_process_count(runner, extra):
     assert one["rounds"] >= 2 and runner.summary(ENV, "three")["world_size"] == 3
     assert_same_result(one, runner.summary(ENV, "three"))
     assert_same_result(one, runner.summary(ENV, "two"))
-    # forked workers report the launcher's start-up (its imports), not their own since the fork
-    assert runner.summary(ENV, "three")["startup_s"] > 0.5 * one["startup_s"]
 
 
 def test_byzantine_clients_are_logged_and_filtered(runner):
