@@ -14,7 +14,8 @@ next invocation; `report` still gives its figures up to the cut (1M and 2M steps
 A run made elsewhere (a lent GPU machine) can sit beside them as <entry>_<seed>.<machine>/, with its runs/ and a
 segments.jsonl of the same fields; `report` reads it like the others and the plots name each run's machine.
 
-`report` reads the TensorBoard events of every run: the 20-episode training mean of the returns (raw game score)
+`report` reads the TensorBoard events of every run: the 20-episode training mean of the returns (raw game score;
+for Ape-X and R2D2 only the episodes of their least-exploring envs, epsilon_i <= 0.01, as the files count them)
 at 1M and 2M steps, the training time (steps / the logged steps per second, so start-up is not in it) and step at
 which that mean first reached 18, steps per second, the final greedy evaluation (ours), and draws each entry's
 curves against frames and against training hours into docs/img/pong_<entry>.png.
@@ -57,6 +58,7 @@ PY = sys.executable
 VIDEO_FPS = 30  # the files' evaluation videos (open_video)
 CLIP_FPS = 15  # the pages' excerpts keep every second frame
 TARGET = 18.0  # Pong: a 20-episode mean of 18 of 21 points
+COUNTED_EPSILON = 0.01  # Ape-X's and R2D2's --threshold-epsilon default: the envs whose episodes count
 PEER_FLUSH_S = 130  # the peer runs this long after its measures are taken (its events flush every 120 s)
 PEER_FILE = ROOT.parent / "shared" / "peers" / "cleanrl" / "ppo_atari_envpool.py"
 PEER_LINE = re.compile(r"global_step=(\d+), episodic_return=(-?[\d.]+)")
@@ -90,11 +92,13 @@ ENTRIES = {
     + ["--optimizer", "adam", "--learning-rate", "2.5e-4", "--gamma", "0.99", "--max-grad-norm", "40"]
     + ["--total-timesteps", "10000000", "--checkpoint-every", "2000", *OURS],
     # Ape-X: the paper's n 3, alpha 0.6, beta 0.4, target copy every 2500 updates, clip 40, gamma 0.99; batch 64
-    # (512) and one update per 16 steps (4 sampled transitions per step), replay 200k (2M; 11.3 GB of frames)
+    # (512) and one update per 16 steps (4 sampled transitions per step), replay 200k (2M; 11.3 GB of frames);
+    # 1.5M steps (6M frames), as 10M would take 19 h at its 146 steps/s here (seed 1 ran its first 1.14M steps
+    # under --total-timesteps 10000000, which a resume may change)
     "apex": [PY, str(ROOT / "algos/apex.py"), "--seed", "{seed}", "--env-id", "Pong-v5", "--batch-size", "64"]
     + ["--steps-per-update", "16", "--learning-rate", "1e-4", "--no-anneal-lr", "--buffer-size", "200000"]
     + ["--learning-starts", "50000", "--target-network-frequency", "2500", "--max-grad-norm", "40"]
-    + ["--gamma", "0.99", "--total-timesteps", "10000000", "--torch-threads", "2", "--checkpoint-every", "2000"]
+    + ["--gamma", "0.99", "--total-timesteps", "1500000", "--torch-threads", "2", "--checkpoint-every", "2000"]
     + [*OURS],
     # R2D2: the paper's burn-in 40, sequences of 80 overlapping by 40, n 5, gamma 0.997, lr 1e-4, batch 64,
     # target copy every 2500 updates; replay 4k sequences (100k; 3.42 MB each: 13.7 GB, r2d2.md). Meant for a
@@ -216,16 +220,22 @@ def run(entries: list, seeds: list, hours: float, peer_min_hours: float) -> None
                 return
 
 
-def scalar_points(run_dir: Path, key: str) -> list:
+def all_scalars(run_dir: Path) -> dict:
+    """Every scalar a run logged, {tag: points}, read in one pass over its events (a 10M-step run's take minutes)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     events.Reload()
-    return events.Scalars(key) if key in events.Tags()["scalars"] else []
+    return {key: events.Scalars(key) for key in events.Tags()["scalars"]}
 
 
-def scalars(run_dir: Path, key: str):
-    points = scalar_points(run_dir, key)
+def scalar_points(run_dir: Path, key: str) -> list:
+    return all_scalars(run_dir).get(key, [])
+
+
+def scalars(logged: dict, key: str):
+    """One tag of all_scalars as arrays of steps and values."""
+    points = logged.get(key, [])
     return np.array([p.step for p in points], dtype=np.int64), np.array([p.value for p in points])
 
 
@@ -266,8 +276,9 @@ def throughput(entries: list, minutes: float, seed: int) -> None:
             )
             time.sleep(minutes * 60)
             stop(proc)
-        points = scalar_points(next(run_dir.glob("runs/*")), "charts/SPS")
-        updates = scalar_points(next(run_dir.glob("runs/*")), "stats/learner_updates_per_s")
+        logged = all_scalars(next(run_dir.glob("runs/*")))
+        points = logged.get("charts/SPS", [])
+        updates = logged.get("stats/learner_updates_per_s", [])
         results[entry] = {
             "command": " ".join(cmd),
             "machine": machine(),
@@ -310,8 +321,16 @@ def measures(entry: str, seed: int, seed_dir: Optional[Path] = None) -> dict:
     that was cut (<dir>.cut<time>) still gives its figures up to the cut: `cut` says so."""
     seed_dir = seed_dir or RAW / f"{entry}_{seed}"
     run_dir = next(seed_dir.glob("runs/*"))
-    steps, returns = scalars(run_dir, "charts/episodic_return")
-    sps_steps, sps = scalars(run_dir, "charts/SPS")
+    logged = all_scalars(run_dir)
+    steps, returns = scalars(logged, "charts/episodic_return")
+    # Ape-X and R2D2 log each episode's epsilon_i: like their own train_return_last20, count only the envs that
+    # explore least (epsilon_i at most COUNTED_EPSILON, or the least), not those that explore up to 0.4
+    _, epsilons = scalars(logged, "charts/epsilon")
+    if len(epsilons):
+        counted = epsilons <= max(COUNTED_EPSILON, epsilons.min())
+        steps = steps[counted]
+        returns = returns[counted]
+    sps_steps, sps = scalars(logged, "charts/SPS")
     # training time at each logged step: the files log SPS = global_step / training time
     train_hours = np.interp(steps, sps_steps, sps_steps / np.maximum(sps, 1e-9)) / 3600
     means = np.array([returns[max(0, i - 19) : i + 1].mean() for i in range(len(returns))])

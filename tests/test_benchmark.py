@@ -134,22 +134,38 @@ def test_a_suite_runs_here_two_at_a_time_and_writes_its_tables(tmp_path):
     assert "| ddppo | 2 | " + rows[1][2] in out.with_suffix(".md").read_text()
 
 
+# 60 episodes, one every 50k steps, scores climbing from -21 by 1 a time (to +21 at episode 42)
+PONG_EPISODES = [(50_000 * (i + 1), min(-21 + i, 21)) for i in range(60)]
+# steps per second logged every 30k steps (between the episodes), falling from 1000 to 500
+PONG_SPS = [(30_000 * (k + 1), 1000 - 500 * k / 99) for k in range(100)]
+PONG_MACHINE = {"cpu": "test", "cores": 2, "commit": "abc"}
+PONG_SEGMENT = {"command": "x", "machine": PONG_MACHINE, "start": 0, "end": 1, "returncode": 0, "stopped": None}
+
+
+def write_pong_run(seed_dir: Path, epsilons=None) -> None:
+    """PONG_EPISODES and PONG_SPS as a file logs them. With `epsilons` (Ape-X, R2D2): each of those episodes comes
+    from an env at epsilon_i epsilons[0], and after it, at the same step, one from an env at epsilons[1] that lost
+    21-0."""
+    writer = SummaryWriter(seed_dir / "runs" / "Pong-v5__bench__1")
+    for step, score in PONG_EPISODES:
+        for return_, epsilon in [(score, None)] if epsilons is None else [(score, epsilons[0]), (-21, epsilons[1])]:
+            writer.add_scalar("charts/episodic_return", return_, step)
+            if epsilon is not None:
+                writer.add_scalar("charts/epsilon", epsilon, step)
+    for step, sps in PONG_SPS:
+        writer.add_scalar("charts/SPS", sps, step)
+    writer.close()
+    (seed_dir / "segments.jsonl").write_text(json.dumps(PONG_SEGMENT) + "\n")
+
+
 def test_pong_figures_from_a_runs_events(tmp_path, monkeypatch):
     monkeypatch.setattr(atari, "RAW", tmp_path)
     seed_dir = tmp_path / "impala_1"
-    writer = SummaryWriter(seed_dir / "runs" / "Pong-v5__bench__1")
-    # 60 episodes, one every 50k steps, scores climbing from -21 by 1 a time (to +21 at episode 42)
-    episodes = [(50_000 * (i + 1), min(-21 + i, 21)) for i in range(60)]
-    for step, score in episodes:
-        writer.add_scalar("charts/episodic_return", score, step)
-    # steps per second logged every 30k steps (between the episodes), falling from 1000 to 500
-    sps_points = [(30_000 * (k + 1), 1000 - 500 * k / 99) for k in range(100)]
-    for step, sps in sps_points:
-        writer.add_scalar("charts/SPS", sps, step)
-    writer.close()
-    machine = {"cpu": "test", "cores": 2, "commit": "abc"}
-    segment = {"command": "x", "machine": machine, "start": 0, "end": 1, "returncode": 0, "stopped": None}
-    (seed_dir / "segments.jsonl").write_text(json.dumps(segment) + "\n")
+    write_pong_run(seed_dir)
+    episodes = PONG_EPISODES
+    sps_points = PONG_SPS
+    machine = PONG_MACHINE
+    segment = PONG_SEGMENT
 
     r = atari.measures("impala", 1)
 
@@ -340,6 +356,21 @@ def test_overview_panel_is_a_20_episode_mean_per_seed_or_the_logged_generation_m
     assert values == pytest.approx([2.0 * (i + 9.5) for i in range(101)])
     title, lines = plot.panel(tmp_path, "es", "charts/episodic_return")
     assert title == "es (CartPole-v1)" and lines[0][1:] == ([2.0 * i for i in range(6)], False)
+
+
+def test_pong_figures_of_apex_and_r2d2_count_only_their_least_exploring_envs(tmp_path, monkeypatch):
+    """Beside each episode of an env at epsilon_i 0.01 (counted, as in the files) an env at 0.4 loses 21-0: the
+    figures are those of the counted episodes alone; and with no env at 0.01 or below, those of the least
+    epsilon."""
+    monkeypatch.setattr(atari, "RAW", tmp_path)
+    write_pong_run(tmp_path / "impala_1")
+    write_pong_run(tmp_path / "apex_1", epsilons=(0.01, 0.4))
+    write_pong_run(tmp_path / "r2d2_1", epsilons=(0.02, 0.4))
+    alone = atari.measures("impala", 1)
+    assert alone["step_to_18"] is not None
+    figures = ["mean20_at_1M", "mean20_at_2M", "step_to_18", "train_hours_to_18", "best_mean20", "curve"]
+    for entry in ["apex", "r2d2"]:
+        assert {key: atari.measures(entry, 1)[key] for key in figures} == {key: alone[key] for key in figures}
 
 
 # spawn_workers with a worker_entry that prints how far its process start lies from the launcher's
