@@ -93,7 +93,7 @@ ENTRIES = {
     + ["--total-timesteps", "10000000", "--checkpoint-every", "2000", *OURS],
     # Ape-X: the paper's n 3, alpha 0.6, beta 0.4, target copy every 2500 updates, clip 40, gamma 0.99; batch 64
     # (512) and one update per 16 steps (4 sampled transitions per step), replay 200k (2M; 11.3 GB of frames);
-    # 1.5M steps (6M frames), as 10M would take 19 h at its 146 steps/s here (seed 1 ran its first 1.14M steps
+    # 1.5M steps (6M frames), as 10M would take 19 h at its 144 steps/s here (seed 1 ran its first 1.14M steps
     # under --total-timesteps 10000000, which a resume may change)
     "apex": [PY, str(ROOT / "algos/apex.py"), "--seed", "{seed}", "--env-id", "Pong-v5", "--batch-size", "64"]
     + ["--steps-per-update", "16", "--learning-rate", "1e-4", "--no-anneal-lr", "--buffer-size", "200000"]
@@ -221,7 +221,7 @@ def run(entries: list, seeds: list, hours: float, peer_min_hours: float) -> None
 
 
 def all_scalars(run_dir: Path) -> dict:
-    """Every scalar a run logged, {tag: points}, read in one pass over its events (a 10M-step run's take minutes)."""
+    """Every scalar a run logged, {tag: points}, read in one pass over its events rather than one pass per tag."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
