@@ -25,9 +25,11 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
 from typing import Optional
 
-# the process that started this one, read before the slow imports below: a rank whose torchrun agent dies while
-# it imports them has another parent by the time it asks to die with its agent (setup_distributed)
-LAUNCHER_PID = os.getppid()
+# a rank under torchrun asks the kernel to kill it with its agent, whatever kills the agent (PR_SET_PDEATHSIG):
+# before the slow imports below, so that an agent killed while they run takes its ranks with it; ranks that no
+# longer use the agent's store would otherwise train on without it
+if "TORCHELASTIC_RUN_ID" in os.environ:
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
 
 import envpool
 import gymnasium as gym
@@ -932,14 +934,6 @@ def setup_distributed(args: Args):
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
     args.rank = int(os.environ.get("RANK", "0"))
     args.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        # a rank under torchrun: die with its agent, whatever kills it (PR_SET_PDEATHSIG); ranks that no longer
-        # use the agent's store would otherwise train on without it
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-        if os.getppid() != LAUNCHER_PID:
-            # the agent died before that, while this rank imported its packages
-            print(f"{os.path.basename(sys.argv[0])}: error: rank {args.rank}: its agent is gone", file=sys.stderr)
-            sys.exit(1)
     use_cuda = args.cuda and torch.cuda.is_available()
     device = torch.device(f"cuda:{args.local_rank}" if use_cuda else "cpu")
     if use_cuda:

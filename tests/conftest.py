@@ -148,7 +148,17 @@ def descendants(pid: int) -> list:
 
 def alive(pids: list) -> list:
     """The PIDs of `pids` still running (zombies excluded)."""
-    return [p for p in pids if os.path.exists(f"/proc/{p}") and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z"]
+    living = []
+    for pid in pids:
+        try:
+            # the state follows the command name, which may hold spaces and parentheses
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            # gone between the listing and the read
+            continue
+        if state != "Z":
+            living.append(pid)
+    return living
 
 
 def session_members(session: int) -> list:

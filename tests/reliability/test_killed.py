@@ -150,12 +150,22 @@ def test_an_elastic_restart_resumes_from_the_checkpoint_and_finishes(runner, nam
         proc.kill()
 
 
+def importing(pid: int) -> bool:
+    """The process has begun to import a package from site-packages (its first shared library is mapped): a rank of
+    the eight torchrun files is then past the PR_SET_PDEATHSIG that heads its imports."""
+    try:
+        return "site-packages" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
 @pytest.mark.parametrize("name", ["ddppo", "es", "impala"])
 def test_ranks_whose_agent_dies_while_they_import_end_within_10_s(runner, name):
-    """torchrun's agent SIGKILLed while its two ranks import their packages (before they can ask to die with it):
-    both end within 10 s, seeing another parent than LAUNCHER_PID. Before, they waited for the dead agent's store
-    until --collective-timeout (600 s by default). An agent killed before a rank's interpreter reads LAUNCHER_PID
-    (its first tenth of a second) is still not seen."""
+    """torchrun's agent SIGKILLed while its two ranks import their packages: both end within 10 s. They asked to die
+    with their agent (PR_SET_PDEATHSIG) before those imports; before that they waited for the dead agent's store
+    until --collective-timeout (600 s by default). The agent is killed once both ranks have mapped a library from
+    site-packages: an agent killed before a rank's interpreter reaches that request (its first 50 ms or so alone,
+    longer on a loaded machine) is not seen, a known limit (docs/reliability.md)."""
     command = algo_command(name, FOREVER, nproc=2)
     proc = subprocess.Popen(
         command, cwd=runner.cwd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -164,13 +174,9 @@ def test_ranks_whose_agent_dies_while_they_import_end_within_10_s(runner, name):
     try:
         assert wait_for(lambda: len([p for p in descendants(proc.pid) if parent(p) == proc.pid]) == 2, 30, 0.002)
         ranks = [pid for pid in descendants(proc.pid) if parent(pid) == proc.pid]
-        # half a second in: the ranks' interpreters have read LAUNCHER_PID and import torch (1.5-2 s here)
-        time.sleep(0.5)
+        assert wait_for(lambda: all(importing(pid) for pid in ranks), 30, 0.002), "the ranks never began to import"
         os.kill(proc.pid, signal.SIGKILL)
         assert wait_for(lambda: not alive(ranks), 10), f"ranks alive 10 s after their agent: {alive(ranks)}"
-        # they saw it themselves (not PR_SET_PDEATHSIG, set after imports that a fast machine ends within 0.5 s)
-        out, _ = proc.communicate(timeout=10)
-        assert out.count(f"{name}.py: error: rank") == 2 and "its agent is gone" in out, out[-2000:]
     finally:
         for pid in alive(ranks):
             os.kill(pid, signal.SIGKILL)
