@@ -4,6 +4,7 @@ import importlib.util
 import json
 import math
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,9 +29,21 @@ def load_algo(name: str):
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, drawn at random outside the kernel's ephemeral range. bind(0) gives a port from that range,
+    which the kernel may hand to any socket opened before the job binds it (gloo's connections in the test beside
+    this one, another bind to port 0): the clean-clone run at 28c299e lost the rendezvous of a SLURM job that way
+    (its torchrun agent reached another process's server on the port)."""
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = [*range(10000, low), *range(high + 1, 65536)]
+    draw = random.SystemRandom()
+    while True:
+        port = draw.choice(ports)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
 
 
 def child_env() -> dict:

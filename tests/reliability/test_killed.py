@@ -151,10 +151,12 @@ def test_an_elastic_restart_resumes_from_the_checkpoint_and_finishes(runner, nam
 
 
 def importing(pid: int) -> bool:
-    """The process has begun to import a package from site-packages (its first shared library is mapped): a rank of
-    the eight torchrun files is then past the PR_SET_PDEATHSIG that heads its imports."""
+    """The rank has begun to import a package from site-packages (its first shared library is mapped): a rank of the
+    eight torchrun files is then past the PR_SET_PDEATHSIG that heads its imports. Until its exec, torchrun's fork
+    is a copy of the agent, its command line and its memory (torch included)."""
     try:
-        return "site-packages" in Path(f"/proc/{pid}/maps").read_text()
+        agent_copy = "torch.distributed.run" in Path(f"/proc/{pid}/cmdline").read_text()
+        return not agent_copy and "site-packages" in Path(f"/proc/{pid}/maps").read_text()
     except OSError:
         return False
 
@@ -181,3 +183,4 @@ def test_ranks_whose_agent_dies_while_they_import_end_within_10_s(runner, name):
         for pid in alive(ranks):
             os.kill(pid, signal.SIGKILL)
         proc.kill()
+        proc.wait()
