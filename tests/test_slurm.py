@@ -71,6 +71,11 @@ def job_ends(env, job: str) -> list:
     return [record for record in records if job in (record.get("JobId"), record.get("ArrayJobId"))]
 
 
+def job_log(path: Path) -> str:
+    """A job's output file ("" before the job writes it)."""
+    return path.read_text() if path.exists() else ""
+
+
 def wait_ended(env, job: str, count: int, timeout: float) -> list:
     """The final states of `job` (or of its `count` array tasks, in task order) once they have ended."""
 
@@ -108,7 +113,10 @@ def test_preemption_checkpoints_requeues_and_resumes(cluster, tmp_path):
     env = dict(cluster, NPROC="1", RDZV_PORT=str(free_port()))
     job = submit(env, tmp_path, "--nodes=1", TORCHRUN_SCRIPT, "--total-timesteps", total, "--eval-episodes", 2)
     log_path = tmp_path / f"slurm-ddppo-{job}.out"
-    assert wait_for(lambda: log_path.exists() and "global_step=" in log_path.read_text(), 120, 0.2), "no progress"
+    assert wait_for(lambda: "global_step=" in job_log(log_path), 120, 0.2), (
+        job_fields(cluster, job),
+        job_log(log_path)[-3000:],
+    )
     slurm(cluster, "scancel", "--signal=USR1", "--batch", job)
     assert wait_for(lambda: "checkpoint of update" in log_path.read_text(), 60, 0.2), log_path.read_text()[-3000:]
     # requeued, it waits in PD (BeginTime) until its old credential expires (cred_expire, 10 s in this cluster)
@@ -146,7 +154,10 @@ def test_scancel_cancels_without_requeue(cluster, tmp_path):
     marker = f"cancelled{os.getpid()}"
     job = submit(env, tmp_path, "--nodes=1", TORCHRUN_SCRIPT, "--total-timesteps", 10**8, "--exp-name", marker)
     log_path = tmp_path / f"slurm-ddppo-{job}.out"
-    assert wait_for(lambda: log_path.exists() and "global_step=" in log_path.read_text(), 120, 0.2), "no progress"
+    assert wait_for(lambda: "global_step=" in job_log(log_path), 120, 0.2), (
+        job_fields(cluster, job),
+        job_log(log_path)[-3000:],
+    )
     assert processes_running(marker)
     cancelled_at = time.time()
     slurm(cluster, "scancel", job)
