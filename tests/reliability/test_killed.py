@@ -164,8 +164,8 @@ def importing(pid: int) -> bool:
 @pytest.mark.parametrize("name", ["ddppo", "es", "impala"])
 def test_ranks_whose_agent_dies_while_they_import_end_within_10_s(runner, name):
     """torchrun's agent SIGKILLed while its two ranks import their packages: both end within 10 s. They asked to die
-    with their agent (PR_SET_PDEATHSIG) before those imports; before that they waited for the dead agent's store
-    until --collective-timeout (600 s by default). The agent is killed once both ranks have mapped a library from
+    with their agent (PR_SET_PDEATHSIG) before those imports; without that request they wait for the dead agent's
+    store until --collective-timeout (600 s by default). The agent is killed once both ranks have mapped a library from
     site-packages: an agent killed before a rank's interpreter reaches that request (its first 50 ms or so alone,
     longer on a loaded machine) is not seen, a known limit (docs/reliability.md)."""
     command = algo_command(name, FOREVER, nproc=2)
