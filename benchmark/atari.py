@@ -383,6 +383,8 @@ def plot(entry: str, runs: list, peer_runs: list) -> Path:
         if len({tuple(other["machines"]) for other in runs}) > 1:
             # the cores (and GPU) of the machine, "2 cores" or "16 cores, NVIDIA H100 80GB HBM3"
             label += ", " + " + ".join(name.split(" (", 1)[1].rstrip(")") for name in r["machines"])
+        if r["cut"]:
+            label += f" (cut at {curve['steps'][-1] / 1e6:.2f}M steps)"
         frames = np.array(curve["steps"]) * 4
         ax_frames.plot(frames / 1e6, curve["mean20"], lw=1, color=colour, label=label)
         ax_hours.plot(curve["train_hours"], curve["mean20"], lw=1, color=colour, label=label)
