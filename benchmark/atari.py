@@ -25,6 +25,7 @@ curves against frames and against training hours into docs/img/pong_<entry>.png.
   python benchmark/atari.py report          # -> benchmark/results/atari_pong.json, docs/img/pong_*.png
   python benchmark/atari.py throughput --entries a3c apex r2d2 --minutes 5   # -> atari_throughput.json
   python benchmark/atari.py clip --entry impala --seed 1 --start 20   # -> docs/img/pong_impala.gif
+  python benchmark/atari.py clip --entry impala --seed 2 --start 20   # -> docs/img/pong_impala_seed2.gif
   python benchmark/atari.py clip --entry seed --seed 1 --machine h100 --start 20   # -> docs/img/pong_seed_h100.gif
 
 `throughput` runs each entry's command alone for a few minutes in a scratch directory and records its steps/s
@@ -455,7 +456,7 @@ def main() -> None:
     )
     speed.add_argument("--minutes", type=float, default=5.0)
     speed.add_argument("--seed", type=int, default=1)
-    cut = sub.add_parser("clip", help="an excerpt of a run's evaluation video as docs/img/pong_<entry>.gif")
+    cut = sub.add_parser("clip", help="an excerpt of a run's evaluation video as docs/img/pong_<entry>[_seed<N>].gif")
     cut.add_argument("--entry", choices=sorted(set(ENTRIES) - {"cleanrl_ppo"}), required=True)
     cut.add_argument("--seed", type=int, default=1)
     cut.add_argument("--start", type=float, default=0.0, help="seconds into the video")
@@ -472,7 +473,8 @@ def main() -> None:
     elif a.what == "clip":
         suffix = f".{a.machine}" if a.machine else ""
         video = next((RAW / f"{a.entry}_{a.seed}{suffix}").glob("runs/*/videos/eval_episode0.mp4"))
-        out = ROOT / "docs" / "img" / f"pong_{a.entry}{suffix.replace('.', '_')}.gif"
+        seed_suffix = f"_seed{a.seed}" if a.seed != 1 else ""
+        out = ROOT / "docs" / "img" / f"pong_{a.entry}{seed_suffix}{suffix.replace('.', '_')}.gif"
         frames = clip(video, out, a.start, a.seconds)
         print(f"{out}: {frames} frames, {out.stat().st_size / 1024:.0f} KiB")
     else:
