@@ -8,6 +8,9 @@ fraction `sync_frac` of the ranks has finished its rollout, so stragglers do not
 
   python algos/ddppo.py                                             # world size 1, CartPole-v1
   torchrun --standalone --nproc_per_node=2 algos/ddppo.py           # 2 ranks on one machine
+
+The file reads top to bottom down to main(); below the "infrastructure" line are the flags, checks,
+checkpoints, signals, torchrun plumbing and logging that keep a run alive, none of it DD-PPO.
 """
 
 import ctypes
@@ -25,11 +28,11 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
 from typing import Optional
 
-# a rank under torchrun asks the kernel to kill it with its agent, whatever kills the agent (PR_SET_PDEATHSIG):
-# before the slow imports below, so that an agent killed while they run takes its ranks with it; ranks that no
-# longer use the agent's store would otherwise train on without it
+# under torchrun, die with the agent (prctl's PR_SET_PDEATHSIG), asked before the slow imports: see
+# "the torchrun death request" below the fold
+PR_SET_PDEATHSIG = 1
 if "TORCHELASTIC_RUN_ID" in os.environ:
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 import envpool
 import gymnasium as gym
@@ -44,19 +47,13 @@ from torch.utils.tensorboard import SummaryWriter
 
 @dataclass
 class Args:
-    # --- common to every distrl file ---
-    exp_name: str = "ddppo"  # the name of this experiment (part of the run name)
+    """The algorithm's and the environment's flags; the infrastructure's (checkpoints, threads, logging) are
+    in `Infra`, below the fold, and the command line takes both."""
+
+    # --- experiment and environment ---
     seed: int = 1  # seed of the experiment
-    torch_deterministic: bool = True  # deterministic CUDA kernels (the CPU kernels used here are anyway)
-    cuda: bool = True  # use CUDA when it is available
-    track: bool = False  # log to Weights & Biases as well as TensorBoard
-    wandb_project_name: str = "distrl"  # the wandb project name
-    wandb_entity: Optional[str] = None  # the wandb entity (team)
-    capture_video: bool = False  # write the first evaluation episode as runs/<run_name>/videos/eval_episode0.mp4
-    save_model: bool = False  # write the final weights (state_dict) to runs/<run_name>/model.pt
     env_id: str = "CartPole-v1"  # the envpool environment id
     total_timesteps: int = 100_000  # total environment steps over all ranks
-    eval_episodes: int = 10  # episodes of the final, greedy policy to evaluate at the end
     # --- algorithm ---
     learning_rate: float = 2.5e-3  # Adam's learning rate
     anneal_lr: bool = True  # anneal the learning rate linearly to zero
@@ -78,15 +75,10 @@ class Args:
     norm_reward: tyro.conf.DisallowNone[Optional[bool]] = None
     clip_obs: float = 10.0  # normalized observations are clipped to [-clip_obs, clip_obs]
     clip_reward: float = 10.0  # scaled rewards are clipped to [-clip_reward, clip_reward]
-    torch_threads: int = 0  # torch threads per rank (0: 1, safe beside other processes; docs/ddppo.md: when more pay)
-    env_threads: int = 0  # envpool worker threads per rank (0: 1)
-    # --- distributed ---
+    # --- distributed: DD-PPO's preemption of stragglers ---
     preempt: bool = True  # preempt stragglers once sync_frac of the ranks finished their rollout
     sync_frac: float = 0.6  # fraction of ranks that must finish before the rest are preempted (paper: 0.6)
     min_rollout_frac: float = 0.25  # a preempted rank keeps at least this fraction of num_steps (paper: 0.25)
-    checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many updates (0: on signals only)
-    resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
-    collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
@@ -94,47 +86,6 @@ class Args:
     batch_size: int = field(default=0, init=False)
     num_updates: int = field(default=0, init=False)
     run_name: str = field(default="", init=False)
-
-
-def fail(arg: str, message: str) -> None:
-    """Bad argument: one line naming it on stderr, exit code 2 (as argparse does)."""
-    print(f"{os.path.basename(sys.argv[0])}: error: --{arg.replace('_', '-')}: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def validate(args: Args) -> None:
-    # env seeds add offsets to the seed and must stay 32-bit
-    if not 0 <= args.seed < 2**30:
-        fail("seed", f"must be in [0, 2**30), got {args.seed}")
-    positive = ["total_timesteps", "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"]
-    # max_grad_norm 0 would clip every gradient to zero: refused, not taken as "off"
-    for name in positive + ["learning_rate", "clip_obs", "clip_reward", "collective_timeout", "max_grad_norm"]:
-        if getattr(args, name) <= 0:
-            fail(name, f"must be positive, got {getattr(args, name)}")
-    for name in ["torch_threads", "env_threads", "checkpoint_every", "ent_coef", "vf_coef"]:
-        if getattr(args, name) < 0:
-            fail(name, f"must not be negative, got {getattr(args, name)}")
-    for name in ["sync_frac", "min_rollout_frac", "gamma", "gae_lambda"]:
-        if not 0.0 < getattr(args, name) <= 1.0:
-            fail(name, f"must be in (0, 1], got {getattr(args, name)}")
-    rollout_size = args.local_num_envs * args.num_steps
-    if rollout_size % args.num_minibatches:
-        fail("num_minibatches", f"{args.num_minibatches} does not divide local-num-envs * num-steps = {rollout_size}")
-    if args.env_id not in envpool.list_all_envs():
-        fail("env_id", f"'{args.env_id}' is not an envpool environment")
-    env_family = envpool.registration.registry.specs[args.env_id][0]
-    if args.capture_video and env_family not in ("envpool.atari", "envpool.classic_control"):
-        # envpool renders MuJoCo through a GPU context: without one, its render() ends the process
-        fail("capture_video", f"'{args.env_id}' is not Atari or classic control, the envs recorded here")
-    spec = envpool.make_spec(args.env_id)
-    obs_space = spec.observation_space
-    action_space = spec.action_space
-    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
-        fail("env_id", f"'{args.env_id}' has observation space {obs_space}; DD-PPO here needs a flat or image Box")
-    if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(action_space.shape) > 1:
-        fail("env_id", f"'{args.env_id}' has action space {action_space}; DD-PPO here needs Discrete or 1-D Box")
-    if args.norm_obs and len(obs_space.shape) == 3:
-        fail("norm_obs", "observation normalization is for vector observations, not images")
 
 
 # ----------------------------------------------------------------------------------------------- environment
@@ -483,9 +434,10 @@ def track_episodes(state: dict, reward, terminated, truncated, info) -> None:
         state["ep_length"][ended] = 0
 
 
-def collect_rollout(agent, envs, state: dict, buffers: dict, args: Args, generator, store, update: int, device):
-    """Step the envs for up to num_steps; stop early once enough ranks have finished (DD-PPO
-    preemption). Returns the number of steps collected."""
+def collect_rollout(agent, envs, state: dict, buffers: dict, args: Args, generator, store, update: int):
+    """Step the envs for up to num_steps into `buffers` (on the learner's device); stop early once
+    enough ranks have finished (DD-PPO preemption). Returns the number of steps collected."""
+    device = buffers["obs"].device
     min_steps = max(1, math.ceil(args.min_rollout_frac * args.num_steps))
     quorum = math.ceil(args.sync_frac * args.world_size)
     key = f"ddppo/finished/{update}"
@@ -605,6 +557,219 @@ def evaluate(agent, env_id: str, episodes: int, seed: int, device, video_dir: Op
     return returns
 
 
+# ----------------------------------------------------------------------------------------------- main
+def main(args: Args) -> int:
+    # stop signals, flag checks, torchrun's process group, seeds and threads: all below the fold
+    run = Run(args)
+    device = run.device
+    args.batch_size = args.world_size * args.local_num_envs * args.num_steps
+    args.num_updates = max(1, args.total_timesteps // args.batch_size)
+    spec = envpool.make_spec(args.env_id)
+    # auto (None): normalize for Box actions only
+    continuous = isinstance(spec.action_space, gym.spaces.Box)
+    args.norm_obs = continuous if args.norm_obs is None else args.norm_obs
+    args.norm_reward = continuous if args.norm_reward is None else args.norm_reward
+    obs_shape = spec.observation_space.shape
+    agent = Agent(obs_shape, spec.action_space, args.norm_obs, args.norm_reward, args.clip_obs).to(device)
+    flat = flatten_parameters(agent)
+    optimizer = make_optimizer(args, flat)
+    # fresh progress, or a checkpoint's with --resume (weights and optimizer state loaded in place)
+    progress = run.restore(agent, optimizer)
+
+    # Envs and the sampling generator start once, from a seed tied to (seed, rank, restart update); checkpoints
+    # leave them alone (a checkpoint must not change training). A resumed run restarts its episodes there.
+    seed = env_seed(args, args.rank, progress["update"])
+    envs = make_env(args.env_id, args.local_num_envs, seed, run.env_threads)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    buffers = rollout_buffers(args, agent, obs_shape, spec.action_space.shape, device)
+    state = rollout_state(envs, args.local_num_envs, device)
+    run.start_training()
+    for update in range(progress["update"], args.num_updates):
+        # COLLECT: up to num_steps steps of every env; cut short once sync_frac of the ranks have finished theirs
+        steps = collect_rollout(agent, envs, state, buffers, args, generator, run.store, update)
+        run.lap("rollout")
+        # LEARN: normalizer statistics over all ranks, GAE, PPO epochs with one gradient all-reduce per minibatch
+        with torch.no_grad():
+            rewards, obs_stats = update_normalizers(agent, buffers, steps, state, args, args.world_size)
+        batch = learning_batch(agent, buffers, rewards, steps, state, args)
+        optimizer.param_groups[0]["lr"] = learning_rate(args, update)
+        losses = ppo_update(agent, optimizer, batch, args, generator, args.world_size)
+        if obs_stats is not None:
+            agent.obs_rms.load(*obs_stats)
+        run.lap("learn")
+        # PUBLISH: nothing to send: every replica applied the same averaged gradient
+        # BOOKKEEPING: counters over ranks, episodes, logs, checkpoints; a stop signal ends the loop after a checkpoint
+        if run.end_update(steps, state, losses):
+            break
+    envs.close()
+    # the final evaluation and summary.json (unless a signal stopped the run), then the writer and process group
+    run.finish()
+    return 0
+
+
+# ==== infrastructure: flags, checks, checkpoints, signals, torchrun, logging; nothing below is DD-PPO ====
+@dataclass
+class Infra:
+    """The flags that keep a run alive, watched, reproducible and resumable, not what it learns."""
+
+    exp_name: str = "ddppo"  # the name of this experiment (part of the run name)
+    torch_deterministic: bool = True  # deterministic CUDA kernels (the CPU kernels used here are anyway)
+    cuda: bool = True  # use CUDA when it is available
+    track: bool = False  # log to Weights & Biases as well as TensorBoard
+    wandb_project_name: str = "distrl"  # the wandb project name
+    wandb_entity: Optional[str] = None  # the wandb entity (team)
+    capture_video: bool = False  # write the first evaluation episode as runs/<run_name>/videos/eval_episode0.mp4
+    save_model: bool = False  # write the final weights (state_dict) to runs/<run_name>/model.pt
+    eval_episodes: int = 10  # episodes of the final, greedy policy to evaluate at the end
+    torch_threads: int = 0  # torch threads per rank (0: 1, safe beside other processes; docs/ddppo.md: when more pay)
+    env_threads: int = 0  # envpool worker threads per rank (0: 1)
+    checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many updates (0: on signals only)
+    resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
+    collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
+
+
+# every flag of the command line, the algorithm's first (in --help too)
+@dataclass
+class RunArgs(Infra, Args):
+    pass
+
+
+# a checkpoint of another format version ends the run with exit 2 (read_checkpoint)
+CHECKPOINT_VERSION = 1
+
+
+class Run:
+    """The infrastructure of one run, as main() uses it: set-up, restore, clocks, the bookkeeping of each
+    update (counters over ranks, episodes, TensorBoard, progress lines, checkpoints, stop signals) and the
+    end (the final evaluation, summary.json, closing the writer and the process group)."""
+
+    def __init__(self, args: RunArgs):
+        # first of all: a signal during start-up ends in a checkpoint, not in exit 143
+        self.stop = install_stop_handlers()
+        # envpool's spaces warn about it
+        warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
+        validate(args)
+        self.device, self.store = setup_distributed(args)
+        args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
+        self.run_dir = os.path.join("runs", args.run_name)
+        self.checkpoint_path = os.path.join(self.run_dir, "checkpoint.pt")
+        seed_everything(args, self.device)
+        self.args = args
+        self.env_threads = args.env_threads or 1
+        self.threshold = envpool.make_spec(args.env_id).reward_threshold
+        self.stopped = False
+
+    def restore(self, agent, optimizer) -> dict:
+        """Fresh progress, or the checkpoint's with --resume (the weights and optimizer state loaded in place);
+        opens rank 0's writer. The run keeps agent and optimizer for its checkpoints and summary."""
+        self.agent = agent
+        self.optimizer = optimizer
+        self.progress = restore(self.args, agent, optimizer, self.device, self.checkpoint_path)
+        self.writer = open_writer(self.args, self.run_dir, self.progress) if self.args.rank == 0 else None
+        return self.progress
+
+    def start_training(self) -> None:
+        """Training time counts from here (start-up is reported on its own)."""
+        self.clock = start_clock(self.progress)
+        self.lap_start = self.clock
+        self.lap_times = {}
+        self.last_print = 0.0
+
+    def lap(self, name: str) -> None:
+        """The time since the previous lap (or the start of the update) as this update's `name` time."""
+        now = time.time()
+        self.lap_times[name] = now - self.lap_start
+        self.lap_start = now
+
+    def end_update(self, steps: int, state: dict, losses: torch.Tensor) -> bool:
+        """One update's bookkeeping: counters summed over ranks (the one small all-reduce), the clocks, the
+        episodes finished since the last update (taken out of `state`), rank 0's log and progress line, a
+        checkpoint when due or asked for. Returns True when a stop signal reached some rank (checkpoint
+        written: the loop ends)."""
+        args = self.args
+        progress = self.progress
+        totals = update_totals(args, steps, self.stop, self.lap_times["rollout"], self.lap_times["learn"], self.device)
+        finished = state["finished"]
+        state["finished"] = []
+        progress["update"] += 1
+        progress["global_step"] += int(totals["steps"])
+        self.clock = advance_clock(progress, self.clock)
+        record_returns(progress, [episode_return for episode_return, _ in finished], self.threshold)
+        if args.rank == 0:
+            scalars = update_scalars(progress, self.optimizer, losses, totals, args.world_size)
+            log_update(self.writer, progress, finished, scalars)
+            self.last_print = print_progress(progress, args.num_updates, self.last_print)
+        # SIGTERM/SIGUSR1 on some rank (SLURM preemption): save, then exit cleanly
+        self.stopped = totals["stop"] > 0
+        due = args.checkpoint_every and progress["update"] % args.checkpoint_every == 0
+        if args.rank == 0 and (self.stopped or due):
+            checkpoint = {**progress, "model": self.agent.state_dict(), "optimizer": self.optimizer.state_dict()}
+            save_checkpoint(self.checkpoint_path, checkpoint)
+        if self.stopped and args.rank == 0:
+            print(
+                f"signal received: checkpoint of update {progress['update']} written to {self.checkpoint_path}; "
+                "rerun with --resume to continue",
+                flush=True,
+            )
+        self.lap_start = time.time()
+        return self.stopped
+
+    def finish(self) -> None:
+        """The final evaluation and summary (also after resuming a checkpoint of the last update; not after a
+        stop signal), then the writer, wandb and the process group."""
+        if self.args.rank == 0 and not self.stopped:
+            write_summary(self.args, self.agent, self.writer, self.progress, self.clock, self.device, self.run_dir)
+        if self.writer is not None:
+            self.writer.close()
+            if self.args.track:
+                import wandb
+
+                wandb.finish()
+        finish_distributed(self.args)
+
+
+# ----------------------------------------------------------------------------------------------- checks
+def fail(arg: str, message: str) -> None:
+    """Bad argument: one line naming it on stderr, exit code 2 (as argparse does)."""
+    print(f"{os.path.basename(sys.argv[0])}: error: --{arg.replace('_', '-')}: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def validate(args: Args) -> None:
+    # env seeds add offsets to the seed and must stay 32-bit
+    if not 0 <= args.seed < 2**30:
+        fail("seed", f"must be in [0, 2**30), got {args.seed}")
+    positive = ["total_timesteps", "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"]
+    # max_grad_norm 0 would clip every gradient to zero: refused, not taken as "off"
+    for name in positive + ["learning_rate", "clip_obs", "clip_reward", "collective_timeout", "max_grad_norm"]:
+        if getattr(args, name) <= 0:
+            fail(name, f"must be positive, got {getattr(args, name)}")
+    for name in ["torch_threads", "env_threads", "checkpoint_every", "ent_coef", "vf_coef"]:
+        if getattr(args, name) < 0:
+            fail(name, f"must not be negative, got {getattr(args, name)}")
+    for name in ["sync_frac", "min_rollout_frac", "gamma", "gae_lambda"]:
+        if not 0.0 < getattr(args, name) <= 1.0:
+            fail(name, f"must be in (0, 1], got {getattr(args, name)}")
+    rollout_size = args.local_num_envs * args.num_steps
+    if rollout_size % args.num_minibatches:
+        fail("num_minibatches", f"{args.num_minibatches} does not divide local-num-envs * num-steps = {rollout_size}")
+    if args.env_id not in envpool.list_all_envs():
+        fail("env_id", f"'{args.env_id}' is not an envpool environment")
+    env_family = envpool.registration.registry.specs[args.env_id][0]
+    if args.capture_video and env_family not in ("envpool.atari", "envpool.classic_control"):
+        # envpool renders MuJoCo through a GPU context: without one, its render() ends the process
+        fail("capture_video", f"'{args.env_id}' is not Atari or classic control, the envs recorded here")
+    spec = envpool.make_spec(args.env_id)
+    obs_space = spec.observation_space
+    action_space = spec.action_space
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
+        fail("env_id", f"'{args.env_id}' has observation space {obs_space}; DD-PPO here needs a flat or image Box")
+    if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(action_space.shape) > 1:
+        fail("env_id", f"'{args.env_id}' has action space {action_space}; DD-PPO here needs Discrete or 1-D Box")
+    if args.norm_obs and len(obs_space.shape) == 3:
+        fail("norm_obs", "observation normalization is for vector observations, not images")
+
+
 # ----------------------------------------------------------------------------------------------- bookkeeping
 def process_start_time() -> float:
     """When this process started (Linux /proc), so that startup_s also counts the imports."""
@@ -707,9 +872,11 @@ def print_progress(progress: dict, num_updates: int, last_print: float) -> float
     return now
 
 
+# ----------------------------------------------------------------------------------------------- checkpoints
 def save_checkpoint(path: str, payload: dict) -> None:
     """Atomic: write a temporary file beside the target, then rename it over the target."""
-    payload = {**payload, "algo": "ddppo", "recent_returns": list(payload["recent_returns"])}
+    payload = {**payload, "algo": "ddppo", "version": CHECKPOINT_VERSION}
+    payload["recent_returns"] = list(payload["recent_returns"])
     temporary = f"{path}.tmp{os.getpid()}"
     torch.save(payload, temporary)
     os.replace(temporary, path)
@@ -730,8 +897,8 @@ def as_typed(flag: str, value) -> str:
 
 def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     """The dict that save_checkpoint wrote, or exit 2 with one line saying what is wrong with the file,
-    which is left as it is: unreadable (truncated, empty, random bytes), of the old format, written by
-    another file, without this file's counters, or of a run with other flags (run_config)."""
+    which is left as it is: unreadable (truncated, empty, random bytes), written by another file, of
+    another format version, without this file's counters, or of a run with other flags (run_config)."""
     # a damaged file raises one of many types (from zipfile, pickle or torch), all of them meaning the same here
     try:
         checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
@@ -739,26 +906,29 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
         fail("resume", f"{checkpoint_path} is not a readable checkpoint ({type(error).__name__}); move it away")
     if not isinstance(checkpoint, dict):
         fail("resume", f"{checkpoint_path} holds a {type(checkpoint).__name__}, not a checkpoint; move it away")
-    if "update" not in checkpoint:
-        fail("resume", f"{checkpoint_path} has no 'update': written before the progress format; use another --exp-name")
-    # checkpoints written before this tag are taken as this file's
-    written_by = checkpoint.pop("algo", "ddppo")
-    if written_by != "ddppo":
+    written_by = checkpoint.pop("algo", None)
+    if written_by not in (None, "ddppo"):
         fail("resume", f"{checkpoint_path} was written by {written_by}.py, not ddppo.py; use another --exp-name")
-    # checkpoints written before configurations were recorded, and flags added since, are taken as this run's
-    recorded = checkpoint.setdefault("config", progress["config"])
-    changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag, value) != value}
-    if changed:
-        was = ", ".join(
-            f"{as_typed(flag, recorded[flag])} (now {as_typed(flag, value)})" for flag, value in changed.items()
+    version = checkpoint.pop("version", "unversioned")
+    if version != CHECKPOINT_VERSION:
+        fail(
+            "resume",
+            f"{checkpoint_path} is of checkpoint format {version}, this file reads format {CHECKPOINT_VERSION}; "
+            "use another --exp-name",
         )
-        fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
     missing = sorted(set(progress) - set(checkpoint))
     if missing:
         fail(
             "resume",
             f"{checkpoint_path} lacks {', '.join(missing)}: not a checkpoint of ddppo.py; use another --exp-name",
         )
+    recorded = checkpoint["config"]
+    changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag) != value}
+    if changed:
+        was = ", ".join(
+            f"{as_typed(flag, recorded.get(flag))} (now {as_typed(flag, value)})" for flag, value in changed.items()
+        )
+        fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
     return checkpoint
 
 
@@ -771,27 +941,11 @@ def refuse_checkpoint(checkpoint_path: str, error: Exception) -> None:
 
 
 def run_config(args: Args) -> dict:
-    """The flags that define the run, which a resumed run must share with its checkpoint: all but those
-    that say how long it goes, how its work is spread over processes and threads, how long it waits
-    for them, and what it logs or saves. Values derived from the flags (init=False) follow from them."""
-    may_change = {
-        "exp_name",
-        "torch_deterministic",
-        "cuda",
-        "track",
-        "wandb_project_name",
-        "wandb_entity",
-        "capture_video",
-        "save_model",
-        "total_timesteps",
-        "eval_episodes",
-        "torch_threads",
-        "env_threads",
-        "checkpoint_every",
-        "resume",
-        "collective_timeout",
-    }
-    config = {flag.name: getattr(args, flag.name) for flag in fields(args) if flag.init and flag.name not in may_change}
+    """The flags that define the run, which a resumed run must share with its checkpoint: the algorithm's
+    (`Args`) but the budget, which may grow; none of `Infra`'s (how the run is kept alive, watched or
+    saved). Values derived from the flags (init=False) follow from them."""
+    may_change = {"total_timesteps"}
+    config = {flag.name: getattr(args, flag.name) for flag in fields(Args) if flag.init and flag.name not in may_change}
     # torchrun's process count is no flag, but it defines the run: the ranks' batches make one update's, and the
     # number of updates follows from it
     config["world_size"] = args.world_size
@@ -978,96 +1132,9 @@ def finish_distributed(args: Args) -> None:
         dist.destroy_process_group()
 
 
-def main(args: Args) -> int:
-    # first of all: a signal during start-up ends in a checkpoint, not in exit 143
-    stop = install_stop_handlers()
-    # envpool's spaces warn about it
-    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
-    validate(args)
-    device, store = setup_distributed(args)
-    args.batch_size = args.world_size * args.local_num_envs * args.num_steps
-    args.num_updates = max(1, args.total_timesteps // args.batch_size)
-    args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
-    run_dir = os.path.join("runs", args.run_name)
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-    seed_everything(args, device)
-    spec = envpool.make_spec(args.env_id)
-    threshold = spec.reward_threshold
-    # auto (None): normalize for Box actions only
-    continuous = isinstance(spec.action_space, gym.spaces.Box)
-    args.norm_obs = continuous if args.norm_obs is None else args.norm_obs
-    args.norm_reward = continuous if args.norm_reward is None else args.norm_reward
-    obs_shape = spec.observation_space.shape
-    agent = Agent(obs_shape, spec.action_space, args.norm_obs, args.norm_reward, args.clip_obs).to(device)
-    flat = flatten_parameters(agent)
-    optimizer = make_optimizer(args, flat)
-    progress = restore(args, agent, optimizer, device, checkpoint_path)
-    writer = open_writer(args, run_dir, progress) if args.rank == 0 else None
-
-    # Envs and the sampling generator start once, from a seed tied to (seed, rank, restart update); checkpoints
-    # leave them alone (a checkpoint must not change training). A resumed run restarts its episodes there.
-    seed = env_seed(args, args.rank, progress["update"])
-    envs = make_env(args.env_id, args.local_num_envs, seed, args.env_threads or 1)
-    generator = torch.Generator(device=device).manual_seed(seed)
-    buffers = rollout_buffers(args, agent, obs_shape, spec.action_space.shape, device)
-    state = rollout_state(envs, args.local_num_envs, device)
-    last_print = 0.0
-    clock = start_clock(progress)
-    for update in range(progress["update"], args.num_updates):
-        # COLLECT: up to num_steps steps of every env; cut short once sync_frac of the ranks have finished theirs
-        rollout_start = time.time()
-        steps = collect_rollout(agent, envs, state, buffers, args, generator, store, update, device)
-        rollout_time = time.time() - rollout_start
-        # LEARN: normalizer statistics over all ranks, GAE, PPO epochs with one gradient all-reduce per minibatch
-        with torch.no_grad():
-            rewards, obs_stats = update_normalizers(agent, buffers, steps, state, args, args.world_size)
-        batch = learning_batch(agent, buffers, rewards, steps, state, args)
-        learn_start = time.time()
-        optimizer.param_groups[0]["lr"] = learning_rate(args, update)
-        losses = ppo_update(agent, optimizer, batch, args, generator, args.world_size)
-        if obs_stats is not None:
-            agent.obs_rms.load(*obs_stats)
-        learn_time = time.time() - learn_start
-        # PUBLISH: nothing to send: every replica applied the same averaged gradient
-        # BOOKKEEPING: counters over ranks, clocks, rank 0's episodes, logs, checkpoints
-        totals = update_totals(args, steps, stop, rollout_time, learn_time, device)
-        finished = state["finished"]
-        state["finished"] = []
-        progress["update"] = update + 1
-        progress["global_step"] += int(totals["steps"])
-        clock = advance_clock(progress, clock)
-        record_returns(progress, [episode_return for episode_return, _ in finished], threshold)
-        if args.rank == 0:
-            log_update(writer, progress, finished, update_scalars(progress, optimizer, losses, totals, args.world_size))
-            last_print = print_progress(progress, args.num_updates, last_print)
-        # SIGTERM/SIGUSR1 on some rank (SLURM preemption): save, then exit cleanly
-        stopping = totals["stop"] > 0
-        due = args.checkpoint_every and progress["update"] % args.checkpoint_every == 0
-        if args.rank == 0 and (stopping or due):
-            checkpoint = {**progress, "model": agent.state_dict(), "optimizer": optimizer.state_dict()}
-            save_checkpoint(checkpoint_path, checkpoint)
-        if stopping:
-            if args.rank == 0:
-                print(
-                    f"signal received: checkpoint of update {progress['update']} written to {checkpoint_path}; "
-                    "rerun with --resume to continue",
-                    flush=True,
-                )
-            break
-    else:
-        # also after resuming a checkpoint of the last update
-        if args.rank == 0:
-            write_summary(args, agent, writer, progress, clock, device, run_dir)
-    envs.close()
-    if writer is not None:
-        writer.close()
-        if args.track:
-            import wandb
-
-            wandb.finish()
-    finish_distributed(args)
-    return 0
-
-
+# The torchrun death request: a rank under torchrun asks the kernel (prctl's PR_SET_PDEATHSIG, above the imports)
+# to kill it with its agent, whatever kills the agent: ranks that no longer use the agent's store would otherwise
+# train on without it. It comes before the slow imports, so that an agent killed while they run takes its ranks
+# with it (docs/conventions.md §8).
 if __name__ == "__main__":
-    sys.exit(main(tyro.cli(Args)))
+    sys.exit(main(tyro.cli(RunArgs)))

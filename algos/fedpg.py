@@ -11,6 +11,9 @@ its own. `--num-byzantine M` clients send corrupt updates.
   python algos/fedpg.py                                                 # 10 clients (fedavg), CartPole-v1
   python algos/fedpg.py --aggregator fedpg-br --num-byzantine 3 --attack sign-flip
   torchrun --standalone --nproc_per_node=2 algos/fedpg.py               # the same 10 clients on 2 ranks
+
+The file reads top to bottom down to main(); below the "infrastructure" line are the flags, checks,
+checkpoints, signals, worker processes and logging that keep a run alive, none of it federated learning.
 """
 
 import ctypes
@@ -29,11 +32,11 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
 from typing import Literal, Optional, Tuple
 
-# a rank under torchrun asks the kernel to kill it with its agent, whatever kills the agent (PR_SET_PDEATHSIG):
-# before the slow imports below, so that an agent killed while they run takes its ranks with it; ranks that no
-# longer use the agent's store would otherwise train on without it
+# under torchrun, die with the agent (prctl's PR_SET_PDEATHSIG), asked before the slow imports: see
+# "the torchrun death request" below the fold
+PR_SET_PDEATHSIG = 1
 if "TORCHELASTIC_RUN_ID" in os.environ:
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 import envpool
 import gymnasium as gym
@@ -48,20 +51,13 @@ from torch.utils.tensorboard import SummaryWriter
 
 @dataclass
 class Args:
-    # --- common to every distrl file ---
-    exp_name: str = "fedpg"  # the name of this experiment (part of the run name)
+    """The algorithm's and the environment's flags; the infrastructure's (checkpoints, processes, logging) are
+    in `Infra`, below the fold, and the command line takes both."""
+
+    # --- experiment and environment ---
     seed: int = 1  # seed of the experiment (initial weights, Byzantine clients, env seeds, action sampling)
-    torch_deterministic: bool = True  # kept for the common block: runs on CPU, whose kernels here are deterministic
-    cuda: bool = False  # kept for the common block: clients run small policies on CPU; this flag is ignored
-    track: bool = False  # log to Weights & Biases as well as TensorBoard
-    wandb_project_name: str = "distrl"  # the wandb project name
-    wandb_entity: Optional[str] = None  # the wandb entity (team)
-    capture_video: bool = False  # write the first evaluation episode as runs/<run_name>/videos/eval_episode0.mp4
-    save_model: bool = False  # write the final theta to runs/<run_name>/model.pt
     env_id: str = "CartPole-v1"  # the envpool environment id (vector observations: classic control, MuJoCo)
     total_timesteps: int = 1_500_000  # environment steps over all clients and the server (ends after that round)
-    eval_episodes: int = 10  # episodes of the final greedy policy to evaluate at the end
-    eval_every: int = 0  # also evaluate theta greedily every this many rounds (the papers' curves; 0: only at the end)
     # --- algorithm ---
     num_clients: int = 10  # K: clients (agents), each with its own environments
     aggregator: Literal["fedavg", "fedpg-br", "median", "trimmed-mean"] = "fedavg"  # how the server combines updates
@@ -80,81 +76,11 @@ class Args:
     attack: Literal["sign-flip", "random-noise", "random-action"] = "sign-flip"  # what the Byzantine clients do
     heterogeneity: float = 0.0  # h: client k's CartPole pole is (1 + h (2k / (K - 1) - 1)) times the standard length
     hidden_sizes: Tuple[int, ...] = (16, 16)  # hidden layer widths of the tanh MLP policy (the paper's CartPole net)
-    # --- distributed ---
-    num_workers: int = 0  # processes hosting the K clients here (0: min(K, available CPUs); under torchrun: ranks)
-    env_threads: int = 1  # envpool threads per environment batch (small batches: 1)
-    checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many rounds (0: on signals only)
-    resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
-    collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
     local_rank: int = field(default=0, init=False)
     run_name: str = field(default="", init=False)
-
-
-def fail(arg: str, message: str) -> None:
-    """Bad argument: one line naming it on stderr, exit code 2 (as argparse does). Every worker checks
-    the same arguments and checkpoint, so the first (rank 0) speaks for all."""
-    if os.environ.get("RANK", "0") == "0":
-        print(f"{os.path.basename(sys.argv[0])}: error: --{arg.replace('_', '-')}: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def validate(args: Args) -> None:
-    # env seeds add offsets (up to 10**9) to the seed and must stay 32-bit
-    if not 0 <= args.seed < 2**29:
-        fail("seed", f"must be in [0, 2**29), got {args.seed}")
-    for name in [
-        "total_timesteps",
-        "eval_episodes",
-        "num_clients",
-        "B",
-        "b",
-        "local_updates",
-        "sigma",
-        "env_threads",
-        "collective_timeout",
-    ]:
-        if getattr(args, name) <= 0:
-            fail(name, f"must be positive, got {getattr(args, name)}")
-    for name in ["learning_rate", "max_grad_norm", "num_byzantine", "num_workers", "checkpoint_every", "eval_every"]:
-        if getattr(args, name) < 0:
-            fail(name, f"must not be negative, got {getattr(args, name)}")
-    for name, ok in [("gamma", 0 < args.gamma <= 1), ("delta", 0 < args.delta <= 1), ("alpha", 0 < args.alpha < 0.5)]:
-        if not ok:
-            fail(name, f"must be in {'(0, 0.5)' if name == 'alpha' else '(0, 1]'}, got {getattr(args, name)}")
-    if 2 * args.num_byzantine >= args.num_clients:
-        fail("num_byzantine", f"must be below half of --num-clients ({args.num_clients}), got {args.num_byzantine}")
-    trimmed = math.floor(args.trim_fraction * args.num_clients + 1e-9)
-    if not 0 <= args.trim_fraction < 0.5 or 2 * trimmed >= args.num_clients:
-        fail("trim_fraction", f"must be in [0, 0.5) and leave a client untrimmed, got {args.trim_fraction}")
-    if args.aggregator == "fedpg-br" and args.local_updates != 1:
-        fail("local_updates", "fedpg-br clients send one gradient per round; leave it at 1")
-    cartpole_clients = args.env_id == "CartPole-v1" and args.num_clients >= 2
-    if not 0 <= args.heterogeneity < 1 or (args.heterogeneity and not cartpole_clients):
-        fail(
-            "heterogeneity",
-            f"must be in [0, 1); it varies CartPole-v1's pole over 2+ clients, got {args.heterogeneity}",
-        )
-    if any(h <= 0 for h in args.hidden_sizes):
-        fail("hidden_sizes", f"must be positive, got {args.hidden_sizes}")
-    processes = int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else args.num_workers
-    if "WORLD_SIZE" in os.environ and args.num_workers > 1 or processes > args.num_clients:
-        fail("num_workers", f"{processes} processes for {args.num_clients} clients (under torchrun: leave it at 0)")
-    if args.env_id not in envpool.list_all_envs():
-        fail("env_id", f"'{args.env_id}' is not an envpool environment")
-    env_family = envpool.registration.registry.specs[args.env_id][0]
-    if args.capture_video and env_family not in ("envpool.atari", "envpool.classic_control"):
-        # envpool renders MuJoCo through a GPU context: without one, its render() ends the process
-        fail("capture_video", f"'{args.env_id}' is not Atari or classic control, the envs recorded here")
-    spec = envpool.make_spec(args.env_id)
-    obs_space = spec.observation_space
-    action_space = spec.action_space
-    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-        fail("env_id", f"'{args.env_id}' has observation space {obs_space}; fedpg needs a flat Box")
-    if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(action_space.shape) > 1:
-        fail("env_id", f"'{args.env_id}' has action space {action_space}; fedpg needs Discrete or 1-D Box")
 
 
 # ----------------------------------------------------------------------------------------------- environment
@@ -539,7 +465,7 @@ def server_update(
     return theta_n, info
 
 
-def share_round(args: Args, theta: torch.Tensor, progress: dict, stop: dict) -> tuple:
+def share_round(args: Args, theta: torch.Tensor, progress: dict, stop_requested: bool) -> tuple:
     """The start of a round, one collective: theta, eta_t and whether the run is over from rank 0,
     and every process's stop signal. Returns theta, eta_t, and whether to stop (end of run, or a
     signal somewhere)."""
@@ -549,7 +475,7 @@ def share_round(args: Args, theta: torch.Tensor, progress: dict, stop: dict) -> 
         head[:dim] = theta
         head[dim] = float(progress["global_step"] >= args.total_timesteps)
         head[dim + 2] = learning_rate(args, progress)
-    head[dim + 1] = float(stop["signal"] != 0)
+    head[dim + 1] = float(stop_requested)
     if args.world_size > 1:
         dist.all_reduce(head)
     return head[:dim].float(), float(head[dim + 2]), bool(head[dim] > 0), bool(head[dim + 1] > 0)
@@ -594,6 +520,266 @@ def evaluate(
         video.close()
     envs.close()
     return (batch["rewards"] * batch["valid"]).sum(0).numpy()
+
+
+# ----------------------------------------------------------------------------------------------- main
+def main(args: Args, stop: Optional[dict] = None) -> int:
+    # the aggregator's step size, before a checkpoint is read: it is part of the run's configuration
+    args.learning_rate = args.learning_rate or (2.0 if args.aggregator == "fedpg-br" else 8.0)
+    # stop signals, flag checks, then the worker processes or torchrun's group, seeds: all below the fold
+    run = Run(args, stop)
+    if run.forks_workers:
+        # without torchrun: fork the --num-workers processes that host the clients (each runs main()), wait for them
+        return spawn_workers(args, run.stop)
+    spec = envpool.make_spec(args.env_id)
+    max_steps = spec.config.max_episode_steps
+    policy = Policy(spec.observation_space.shape[0], spec.action_space, args.hidden_sizes)
+    theta = policy.init_params()
+    byzantine = byzantine_clients(args.seed, args.num_clients, args.num_byzantine)
+    # fresh progress, or a checkpoint's with --resume (theta loaded in place)
+    progress = run.restore(policy, theta, byzantine, max_steps)
+    run.start_training()
+    while True:
+        # PUBLISH: theta and eta_t from the server to every client's process, with the decision to go on
+        theta, eta, run_over, stopping = share_round(args, theta, progress, run.stop_requested())
+        if run_over or stopping:
+            break
+        # COLLECT: the clients' updates (E local steps, or FedPG-BR's gradient), gathered at rank 0
+        rows = collect_updates(args, policy, theta, eta, progress["update"], byzantine, max_steps)
+        run.lap("client")
+        progress["update"] += 1
+        if args.rank != 0:
+            continue
+        # LEARN: the server aggregates the K updates (FedPG-BR: its filter, then its SCSG inner loop)
+        round_ = progress["update"] - 1
+        updates = rows[:, META:]
+        samples = rows[:, 1]
+        server_trajectories = progress["server_trajectories"]
+        theta, info = server_update(args, policy, theta, eta, updates, samples, round_, server_trajectories, max_steps)
+        progress["global_step"] += int(rows[:, 1].sum()) + info["server_steps"]
+        progress["server_trajectories"] += info["server_trajectories"]
+        run.lap("server")
+        # BOOKKEEPING: clocks, the honest clients' episodes, the filter's choices, logs, checkpoints (rank 0)
+        run.end_round(rows, info, eta, theta)
+    # a checkpoint after a stop signal, else the final evaluation and summary.json; the writer and process group
+    run.finish(theta, stopping)
+    return 0
+
+
+# ==== infrastructure: flags, checks, checkpoints, signals, processes, logging; nothing below is federated PG ====
+@dataclass
+class Infra:
+    """The flags that keep a run alive, watched, reproducible and resumable, not what it learns."""
+
+    exp_name: str = "fedpg"  # the name of this experiment (part of the run name)
+    torch_deterministic: bool = True  # kept for the common block: runs on CPU, whose kernels here are deterministic
+    cuda: bool = False  # kept for the common block: clients run small policies on CPU; this flag is ignored
+    track: bool = False  # log to Weights & Biases as well as TensorBoard
+    wandb_project_name: str = "distrl"  # the wandb project name
+    wandb_entity: Optional[str] = None  # the wandb entity (team)
+    capture_video: bool = False  # write the first evaluation episode as runs/<run_name>/videos/eval_episode0.mp4
+    save_model: bool = False  # write the final theta to runs/<run_name>/model.pt
+    eval_episodes: int = 10  # episodes of the final greedy policy to evaluate at the end
+    eval_every: int = 0  # also evaluate theta greedily every this many rounds (the papers' curves; 0: only at the end)
+    num_workers: int = 0  # processes hosting the K clients here (0: min(K, available CPUs); under torchrun: ranks)
+    env_threads: int = 1  # envpool threads per environment batch (small batches: 1)
+    checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many rounds (0: on signals only)
+    resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
+    collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
+
+
+# every flag of the command line, the algorithm's first (in --help too)
+@dataclass
+class RunArgs(Infra, Args):
+    pass
+
+
+# a checkpoint of another format version ends the run with exit 2 (read_checkpoint)
+CHECKPOINT_VERSION = 1
+
+
+class Run:
+    """The infrastructure of one run, as main() uses it: set-up, restore, clocks, the bookkeeping of each
+    round (episodes, the filter's choices, evaluations, TensorBoard, progress lines, checkpoints, stop
+    signals) and the end (the final evaluation, summary.json, closing the writer and the process group)."""
+
+    def __init__(self, args: RunArgs, stop: Optional[dict]):
+        # first of all: a SIGTERM/SIGUSR1 during start-up ends in a checkpoint, not in exit 143
+        self.stop = install_stop_handlers(stop)
+        # envpool's spaces warn about it
+        warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
+        validate(args)
+        if "WORLD_SIZE" not in os.environ:
+            args.num_workers = args.num_workers or min(args.num_clients, available_cpus())
+        args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
+        self.run_dir = os.path.join("runs", args.run_name)
+        self.checkpoint_path = os.path.join(self.run_dir, "checkpoint.pt")
+        self.args = args
+        self.forks_workers = args.num_workers > 1
+        if self.forks_workers:
+            if args.resume and os.path.exists(self.checkpoint_path):
+                # a checkpoint no worker could use is refused here, in one line, before any worker starts
+                read_checkpoint(self.checkpoint_path, new_progress(run_config(args)))
+            return
+        setup_distributed(args)
+        seed_everything(args)
+        self.threshold = envpool.make_spec(args.env_id).reward_threshold
+
+    def restore(self, policy, theta: torch.Tensor, byzantine: list, max_steps: int) -> dict:
+        """Fresh progress, or the checkpoint's with --resume (theta loaded in place); opens rank 0's writer
+        and names the Byzantine clients. The run keeps policy, byzantine and max_steps for its evaluations
+        and logs."""
+        args = self.args
+        self.policy = policy
+        self.max_steps = max_steps
+        self.byzantine = byzantine
+        self.honest = torch.tensor([client not in byzantine for client in range(args.num_clients)])
+        self.progress = restore(args, theta, self.checkpoint_path)
+        self.writer = None
+        if args.rank == 0:
+            self.writer = open_writer(args, self.run_dir, self.progress)
+            self.writer.add_text("byzantine_clients", str(byzantine))
+            print(
+                f"{args.num_clients} clients on {args.world_size} process(es); Byzantine clients ({args.attack}): "
+                f"{byzantine or 'none'}",
+                flush=True,
+            )
+        self.stats = {"bytes_down": policy.num_params * 4, "bytes_up": (policy.num_params + META) * 4}
+        return self.progress
+
+    def start_training(self) -> None:
+        """Training time counts from here (start-up is reported on its own)."""
+        self.clock = start_clock(self.progress)
+        self.lap_start = self.clock
+        self.last_print = 0.0
+
+    def stop_requested(self) -> bool:
+        """Whether a stop signal reached this process (share_round sums it over all of them)."""
+        return self.stop["signal"] != 0
+
+    def lap(self, name: str) -> None:
+        """The time since the previous lap (or the start of the round) as this round's `name` time."""
+        now = time.time()
+        self.stats[f"{name}_time_s"] = now - self.lap_start
+        self.lap_start = now
+
+    def end_round(self, rows: torch.Tensor, info: dict, eta: float, theta: torch.Tensor) -> None:
+        """One round's bookkeeping at rank 0: the filter's choices, the clocks, the honest clients' episodes,
+        the --eval-every evaluation, the log and progress line, a checkpoint when due."""
+        args = self.args
+        progress = self.progress
+        honest = self.honest
+        record_filter(progress, self.stats, info["kept"], honest)
+        self.clock = advance_clock(progress, self.clock)
+        trajectories = progress["update"] * args.B * args.local_updates
+        episodes = rows[honest, 2].sum()
+        record_returns(progress, [int(episodes), float(rows[honest, 3].sum())], self.threshold, trajectories)
+        if args.eval_every and progress["update"] % args.eval_every == 0:
+            evaluate_round(args, self.policy, theta, self.writer, progress, self.threshold, self.max_steps)
+        round_means = [(float(rows[honest, 3].sum() / episodes), float(rows[honest, 1].sum() / episodes))]
+        scalars = round_scalars(args, progress, rows, info, eta, theta, self.stats)
+        log_update(self.writer, progress, round_means, scalars)
+        self.last_print = print_progress(progress, args.total_timesteps, self.last_print)
+        if args.checkpoint_every and progress["update"] % args.checkpoint_every == 0:
+            save_checkpoint(self.checkpoint_path, {**progress, "model": theta})
+        self.lap_start = time.time()
+
+    def finish(self, theta: torch.Tensor, stopped: bool) -> None:
+        """After a stop signal somewhere (SLURM preemption): a checkpoint at rank 0. Else the final evaluation
+        and summary. Then the writer, wandb and the process group."""
+        args = self.args
+        self.clock = advance_clock(self.progress, self.clock)
+        if stopped and args.rank == 0:
+            save_checkpoint(self.checkpoint_path, {**self.progress, "model": theta})
+            print(
+                f"signal received: checkpoint of round {self.progress['update']} written to {self.checkpoint_path}; "
+                "rerun with --resume to continue",
+                flush=True,
+            )
+        elif args.rank == 0:
+            write_summary(
+                args,
+                self.policy,
+                theta,
+                self.writer,
+                self.progress,
+                self.clock,
+                self.run_dir,
+                self.stats,
+                self.max_steps,
+            )
+        if self.writer is not None:
+            self.writer.close()
+            if args.track:
+                import wandb
+
+                wandb.finish()
+        finish_distributed(args)
+
+
+# ----------------------------------------------------------------------------------------------- checks
+def fail(arg: str, message: str) -> None:
+    """Bad argument: one line naming it on stderr, exit code 2 (as argparse does). Every worker checks
+    the same arguments and checkpoint, so the first (rank 0) speaks for all."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"{os.path.basename(sys.argv[0])}: error: --{arg.replace('_', '-')}: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def validate(args: Args) -> None:
+    # env seeds add offsets (up to 10**9) to the seed and must stay 32-bit
+    if not 0 <= args.seed < 2**29:
+        fail("seed", f"must be in [0, 2**29), got {args.seed}")
+    for name in [
+        "total_timesteps",
+        "eval_episodes",
+        "num_clients",
+        "B",
+        "b",
+        "local_updates",
+        "sigma",
+        "env_threads",
+        "collective_timeout",
+    ]:
+        if getattr(args, name) <= 0:
+            fail(name, f"must be positive, got {getattr(args, name)}")
+    for name in ["learning_rate", "max_grad_norm", "num_byzantine", "num_workers", "checkpoint_every", "eval_every"]:
+        if getattr(args, name) < 0:
+            fail(name, f"must not be negative, got {getattr(args, name)}")
+    for name, ok in [("gamma", 0 < args.gamma <= 1), ("delta", 0 < args.delta <= 1), ("alpha", 0 < args.alpha < 0.5)]:
+        if not ok:
+            fail(name, f"must be in {'(0, 0.5)' if name == 'alpha' else '(0, 1]'}, got {getattr(args, name)}")
+    if 2 * args.num_byzantine >= args.num_clients:
+        fail("num_byzantine", f"must be below half of --num-clients ({args.num_clients}), got {args.num_byzantine}")
+    trimmed = math.floor(args.trim_fraction * args.num_clients + 1e-9)
+    if not 0 <= args.trim_fraction < 0.5 or 2 * trimmed >= args.num_clients:
+        fail("trim_fraction", f"must be in [0, 0.5) and leave a client untrimmed, got {args.trim_fraction}")
+    if args.aggregator == "fedpg-br" and args.local_updates != 1:
+        fail("local_updates", "fedpg-br clients send one gradient per round; leave it at 1")
+    cartpole_clients = args.env_id == "CartPole-v1" and args.num_clients >= 2
+    if not 0 <= args.heterogeneity < 1 or (args.heterogeneity and not cartpole_clients):
+        fail(
+            "heterogeneity",
+            f"must be in [0, 1); it varies CartPole-v1's pole over 2+ clients, got {args.heterogeneity}",
+        )
+    if any(h <= 0 for h in args.hidden_sizes):
+        fail("hidden_sizes", f"must be positive, got {args.hidden_sizes}")
+    processes = int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else args.num_workers
+    if "WORLD_SIZE" in os.environ and args.num_workers > 1 or processes > args.num_clients:
+        fail("num_workers", f"{processes} processes for {args.num_clients} clients (under torchrun: leave it at 0)")
+    if args.env_id not in envpool.list_all_envs():
+        fail("env_id", f"'{args.env_id}' is not an envpool environment")
+    env_family = envpool.registration.registry.specs[args.env_id][0]
+    if args.capture_video and env_family not in ("envpool.atari", "envpool.classic_control"):
+        # envpool renders MuJoCo through a GPU context: without one, its render() ends the process
+        fail("capture_video", f"'{args.env_id}' is not Atari or classic control, the envs recorded here")
+    spec = envpool.make_spec(args.env_id)
+    obs_space = spec.observation_space
+    action_space = spec.action_space
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        fail("env_id", f"'{args.env_id}' has observation space {obs_space}; fedpg needs a flat Box")
+    if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(action_space.shape) > 1:
+        fail("env_id", f"'{args.env_id}' has action space {action_space}; fedpg needs Discrete or 1-D Box")
 
 
 def evaluate_round(args: Args, policy: Policy, theta, writer, progress: dict, threshold, max_steps: int) -> None:
@@ -754,9 +940,11 @@ def print_progress(progress: dict, total_timesteps: int, last_print: float) -> f
     return now
 
 
+# ----------------------------------------------------------------------------------------------- checkpoints
 def save_checkpoint(path: str, payload: dict) -> None:
     """Atomic: write a temporary file beside the target, then rename it over the target."""
-    payload = {**payload, "algo": "fedpg", "recent_returns": list(payload["recent_returns"])}
+    payload = {**payload, "algo": "fedpg", "version": CHECKPOINT_VERSION}
+    payload["recent_returns"] = list(payload["recent_returns"])
     temporary = f"{path}.tmp{os.getpid()}"
     torch.save(payload, temporary)
     os.replace(temporary, path)
@@ -777,8 +965,8 @@ def as_typed(flag: str, value) -> str:
 
 def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     """The dict that save_checkpoint wrote, or exit 2 with one line saying what is wrong with the file,
-    which is left as it is: unreadable (truncated, empty, random bytes), of the old format, written by
-    another file, without this file's counters, or of a run with other flags (run_config)."""
+    which is left as it is: unreadable (truncated, empty, random bytes), written by another file, of
+    another format version, without this file's counters, or of a run with other flags (run_config)."""
     # a damaged file raises one of many types (from zipfile, pickle or torch), all of them meaning the same here
     try:
         checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
@@ -786,29 +974,29 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
         fail("resume", f"{checkpoint_path} is not a readable checkpoint ({type(error).__name__}); move it away")
     if not isinstance(checkpoint, dict):
         fail("resume", f"{checkpoint_path} holds a {type(checkpoint).__name__}, not a checkpoint; move it away")
-    if "update" not in checkpoint:
-        fail("resume", f"{checkpoint_path} has no 'update': written before the progress format; use another --exp-name")
-    # checkpoints written before this tag are taken as this file's
-    written_by = checkpoint.pop("algo", "fedpg")
-    if written_by != "fedpg":
+    written_by = checkpoint.pop("algo", None)
+    if written_by not in (None, "fedpg"):
         fail("resume", f"{checkpoint_path} was written by {written_by}.py, not fedpg.py; use another --exp-name")
-    # checkpoints written before configurations were recorded, and flags added since, are taken as this run's
-    recorded = checkpoint.setdefault("config", progress["config"])
-    # federated PG's earlier checkpoints recorded eleven of the flags in a string
-    if not isinstance(recorded, dict):
-        fail("resume", f"{checkpoint_path} records its flags in an earlier format; use another --exp-name")
-    changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag, value) != value}
-    if changed:
-        was = ", ".join(
-            f"{as_typed(flag, recorded[flag])} (now {as_typed(flag, value)})" for flag, value in changed.items()
+    version = checkpoint.pop("version", "unversioned")
+    if version != CHECKPOINT_VERSION:
+        fail(
+            "resume",
+            f"{checkpoint_path} is of checkpoint format {version}, this file reads format {CHECKPOINT_VERSION}; "
+            "use another --exp-name",
         )
-        fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
     missing = sorted(set(progress) - set(checkpoint))
     if missing:
         fail(
             "resume",
             f"{checkpoint_path} lacks {', '.join(missing)}: not a checkpoint of fedpg.py; use another --exp-name",
         )
+    recorded = checkpoint["config"]
+    changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag) != value}
+    if changed:
+        was = ", ".join(
+            f"{as_typed(flag, recorded.get(flag))} (now {as_typed(flag, value)})" for flag, value in changed.items()
+        )
+        fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
     return checkpoint
 
 
@@ -821,28 +1009,12 @@ def refuse_checkpoint(checkpoint_path: str, error: Exception) -> None:
 
 
 def run_config(args: Args) -> dict:
-    """The flags that define the run, which a resumed run must share with its checkpoint: all but those
-    that say how long it goes, how its work is spread over processes and threads, how long it waits
-    for them, and what it logs or saves. Values derived from the flags (init=False) follow from them."""
-    may_change = {
-        "exp_name",
-        "torch_deterministic",
-        "cuda",
-        "track",
-        "wandb_project_name",
-        "wandb_entity",
-        "capture_video",
-        "save_model",
-        "total_timesteps",
-        "eval_episodes",
-        "eval_every",
-        "env_threads",
-        "num_workers",
-        "checkpoint_every",
-        "resume",
-        "collective_timeout",
-    }
-    return {flag.name: getattr(args, flag.name) for flag in fields(args) if flag.init and flag.name not in may_change}
+    """The flags that define the run, which a resumed run must share with its checkpoint: the algorithm's
+    (`Args`) but the budget, which may grow; none of `Infra`'s (how the run is kept alive, watched or
+    saved). Values derived from the flags (init=False) follow from them."""
+    may_change = {"total_timesteps"}
+    config = {flag.name: getattr(args, flag.name) for flag in fields(Args) if flag.init and flag.name not in may_change}
+    return config
 
 
 def restore(args: Args, theta: torch.Tensor, checkpoint_path: str) -> dict:
@@ -1007,7 +1179,7 @@ def finish_distributed(args: Args) -> None:
 
 def worker_entry(index: int, args: Args, num_workers: int, parent: int, stop: dict) -> None:
     # PR_SET_PDEATHSIG: die with the parent, whatever kills it
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     # from the start: a signal while main() sets up still ends in a checkpoint (and one the parent had is kept)
     install_stop_handlers(stop)
     # the parent died before the prctl above
@@ -1074,102 +1246,9 @@ def spawn_workers(args: Args, stop: dict) -> int:
     return 0
 
 
-def main(args: Args, stop: Optional[dict] = None) -> int:
-    # first of all: a SIGTERM/SIGUSR1 during start-up ends in a checkpoint, not in exit 143
-    stop = install_stop_handlers(stop)
-    # envpool's spaces warn about it
-    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
-    validate(args)
-    if "WORLD_SIZE" not in os.environ:
-        args.num_workers = args.num_workers or min(args.num_clients, available_cpus())
-    # the aggregator's step size, before the parent reads a checkpoint: it is part of the run's configuration
-    args.learning_rate = args.learning_rate or (2.0 if args.aggregator == "fedpg-br" else 8.0)
-    args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
-    run_dir = os.path.join("runs", args.run_name)
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-    if args.num_workers > 1:
-        if args.resume and os.path.exists(checkpoint_path):
-            # a checkpoint no worker could use is refused here, in one line, before any worker starts
-            read_checkpoint(checkpoint_path, new_progress(run_config(args)))
-        return spawn_workers(args, stop)
-    setup_distributed(args)
-    seed_everything(args)
-    spec = envpool.make_spec(args.env_id)
-    threshold = spec.reward_threshold
-    max_steps = spec.config.max_episode_steps
-    policy = Policy(spec.observation_space.shape[0], spec.action_space, args.hidden_sizes)
-    theta = policy.init_params()
-    byzantine = byzantine_clients(args.seed, args.num_clients, args.num_byzantine)
-    honest = torch.tensor([client not in byzantine for client in range(args.num_clients)])
-    progress = restore(args, theta, checkpoint_path)
-    writer = None
-    if args.rank == 0:
-        writer = open_writer(args, run_dir, progress)
-        writer.add_text("byzantine_clients", str(byzantine))
-        print(
-            f"{args.num_clients} clients on {args.world_size} process(es); Byzantine clients ({args.attack}): "
-            f"{byzantine or 'none'}",
-            flush=True,
-        )
-    stats = {"bytes_down": policy.num_params * 4, "bytes_up": (policy.num_params + META) * 4}
-    last_print = 0.0
-    clock = start_clock(progress)
-    while True:
-        # PUBLISH: theta and eta_t from the server to every client's process, with the decision to go on
-        theta, eta, run_over, stopping = share_round(args, theta, progress, stop)
-        if run_over or stopping:
-            break
-        # COLLECT: the clients' updates (E local steps, or FedPG-BR's gradient), gathered at rank 0
-        collect_start = time.time()
-        rows = collect_updates(args, policy, theta, eta, progress["update"], byzantine, max_steps)
-        stats["client_time_s"] = time.time() - collect_start
-        progress["update"] += 1
-        if args.rank != 0:
-            continue
-        # LEARN: the server aggregates the K updates (FedPG-BR: its filter, then its SCSG inner loop)
-        learn_start = time.time()
-        round_ = progress["update"] - 1
-        updates = rows[:, META:]
-        samples = rows[:, 1]
-        server_trajectories = progress["server_trajectories"]
-        theta, info = server_update(args, policy, theta, eta, updates, samples, round_, server_trajectories, max_steps)
-        stats["server_time_s"] = time.time() - learn_start
-        # BOOKKEEPING: counters, clocks, the honest clients' episodes, logs, checkpoints (rank 0)
-        progress["global_step"] += int(rows[:, 1].sum()) + info["server_steps"]
-        progress["server_trajectories"] += info["server_trajectories"]
-        record_filter(progress, stats, info["kept"], honest)
-        clock = advance_clock(progress, clock)
-        trajectories = progress["update"] * args.B * args.local_updates
-        episodes = rows[honest, 2].sum()
-        record_returns(progress, [int(episodes), float(rows[honest, 3].sum())], threshold, trajectories)
-        if args.eval_every and progress["update"] % args.eval_every == 0:
-            evaluate_round(args, policy, theta, writer, progress, threshold, max_steps)
-        round_means = [(float(rows[honest, 3].sum() / episodes), float(rows[honest, 1].sum() / episodes))]
-        log_update(writer, progress, round_means, round_scalars(args, progress, rows, info, eta, theta, stats))
-        last_print = print_progress(progress, args.total_timesteps, last_print)
-        if args.checkpoint_every and progress["update"] % args.checkpoint_every == 0:
-            save_checkpoint(checkpoint_path, {**progress, "model": theta})
-    clock = advance_clock(progress, clock)
-    if stopping:
-        # SIGTERM/SIGUSR1 on some process (SLURM preemption): save, then exit cleanly
-        if args.rank == 0:
-            save_checkpoint(checkpoint_path, {**progress, "model": theta})
-            print(
-                f"signal received: checkpoint of round {progress['update']} written to {checkpoint_path}; "
-                "rerun with --resume to continue",
-                flush=True,
-            )
-    elif args.rank == 0:
-        write_summary(args, policy, theta, writer, progress, clock, run_dir, stats, max_steps)
-    if writer is not None:
-        writer.close()
-        if args.track:
-            import wandb
-
-            wandb.finish()
-    finish_distributed(args)
-    return 0
-
-
+# The torchrun death request: a rank under torchrun asks the kernel (prctl's PR_SET_PDEATHSIG, above the imports)
+# to kill it with its agent, whatever kills the agent: ranks that no longer use the agent's store would otherwise
+# train on without it. It comes before the slow imports, so that an agent killed while they run takes its ranks
+# with it (docs/conventions.md §8).
 if __name__ == "__main__":
-    sys.exit(main(tyro.cli(Args)))
+    sys.exit(main(tyro.cli(RunArgs)))

@@ -6,6 +6,12 @@ Per file: lines; tokens (Python tokens other than comments, newlines and indenta
 (the lines of `def main`, or of the `if __name__ == "__main__":` block of a flat script); the share of code
 lines over 100 characters; packed tuple assignments (`a, b, c = x, y, z`: three or more targets given three or
 more separate values on one line, not one call's results).
+
+  python benchmark/style_metrics.py --fold algos/*.py
+
+The fold table of docs/conventions.md §1 instead: lines and tokens above the fold line (`# ==== ... infrastructure
+...`; in a file without one, everything down to the end of `main`, which a reader passes on the way), lines below
+it, the line where `main`'s loop starts, and the longest parameter list of a function above the fold.
 """
 
 import argparse
@@ -59,10 +65,44 @@ def figures(path: str) -> dict:
     }
 
 
+def fold_figures(path: str) -> dict:
+    with open(path) as f:
+        source = f.read()
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    folds = [n for n, line in enumerate(lines, 1) if line.startswith("# ====") and "infrastructure" in line.lower()]
+    mains = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main"]
+    above = folds[0] - 1 if folds else mains[0].end_lineno
+    loops = [node.lineno for node in mains[0].body if isinstance(node, (ast.For, ast.While))]
+    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.end_lineno <= above and n.name != "main"]
+    widest = max(functions, key=lambda n: len(n.args.args) + len(n.args.kwonlyargs))
+    return {
+        "file": path,
+        "above": above,
+        "below": len(lines) - above,
+        "tokens_above": token_count("\n".join(lines[:above]) + "\n"),
+        "loop_line": loops[0] if loops else None,
+        "widest": f"{widest.name} ({len(widest.args.args) + len(widest.args.kwonlyargs)})",
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+")
+    parser.add_argument("--fold", action="store_true", help="the fold table instead")
     options = parser.parse_args()
+    if options.fold:
+        print(
+            "| file | lines above the fold | lines below | tokens above | main's loop at line | widest parameter list |"
+        )
+        print("|---|---|---|---|---|---|")
+        for path in options.paths:
+            row = fold_figures(path)
+            print(
+                f"| {row['file']} | {row['above']} | {row['below']} | {row['tokens_above'] / 1000:.1f}k "
+                f"| {row['loop_line']} | {row['widest']} |"
+            )
+        return 0
     print("| file | lines | tokens | longest main | code lines > 100 chars | packed tuple assignments |")
     print("|---|---|---|---|---|---|")
     for path in options.paths:

@@ -28,6 +28,12 @@ def load_algo(name: str):
     return module
 
 
+def command_line_args(module):
+    """The class of every flag of a file's command line: `RunArgs` (the algorithm's `Args` and the infrastructure's
+    `Infra`, below the fold) in the folded files, `Args` in the others."""
+    return getattr(module, "RunArgs", module.Args)
+
+
 def free_port() -> int:
     """A port free now, drawn at random outside the kernel's ephemeral range. bind(0) gives a port from that range,
     which the kernel may hand to any socket opened before the job binds it (gloo's connections in the test beside
@@ -337,7 +343,7 @@ def progress_of(name: str, **flags) -> dict:
     """A fresh progress dict of `name` with the configuration of its default flags, less any given here (as
     main() makes it before reading a checkpoint)."""
     module = load_algo(name)
-    progress = module.new_progress(module.run_config(module.Args(**flags)), *PROGRESS_ARGS.get(name, []))
+    progress = module.new_progress(module.run_config(command_line_args(module)(**flags)), *PROGRESS_ARGS.get(name, []))
     return {**progress, "recent_returns": list(progress["recent_returns"])}
 
 

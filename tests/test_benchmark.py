@@ -383,7 +383,8 @@ spec.loader.exec_module(algo)
 launcher = algo.process_start_time.__wrapped__()
 time.sleep(1.0)
 algo.worker_entry = lambda index, *_: print(index, algo.process_start_time() - launcher, flush=True)
-sys.exit(algo.spawn_workers(algo.Args(num_workers=2), algo.install_stop_handlers()))
+flags = getattr(algo, "RunArgs", algo.Args)
+sys.exit(algo.spawn_workers(flags(num_workers=2), algo.install_stop_handlers()))
 """
 
 

@@ -233,11 +233,11 @@ def test_rollout_is_preempted_once_quorum_of_ranks_finished():
 
     store = dist.HashStore()
     state, buf = fresh()
-    assert ddppo.collect_rollout(agent, envs, state, buf, args, None, store, 0, "cpu") == 20
+    assert ddppo.collect_rollout(agent, envs, state, buf, args, None, store, 0) == 20
     assert int(store.add("ddppo/finished/0", 0)) == 1  # a full rollout counts itself as finished
     store.add("ddppo/finished/1", 2)  # two other ranks already finished update 1
     state, buf = fresh()
-    assert ddppo.collect_rollout(agent, envs, state, buf, args, None, store, 1, "cpu") == math.ceil(0.25 * 20)
+    assert ddppo.collect_rollout(agent, envs, state, buf, args, None, store, 1) == math.ceil(0.25 * 20)
     assert int(store.add("ddppo/finished/1", 0)) == 2  # a preempted rank does not count itself
 
 

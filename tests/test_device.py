@@ -155,7 +155,7 @@ def test_ddppo_rollout_normalizers_and_evaluate_on_device(on_device, env_id, nor
     buf["actions"] = torch.zeros(
         (T, N) + spec.action_space.shape, device=META, dtype=torch.float32 if agent.continuous else torch.long
     )
-    assert ddppo.collect_rollout(agent, envs, state, buf, args, MetaGenerator(), None, 0, META) == T
+    assert ddppo.collect_rollout(agent, envs, state, buf, args, MetaGenerator(), None, 0) == T
     rewards, obs_stats = ddppo.update_normalizers(agent, buf, T, state, args, world_size=2)
     assert rewards.device == META and len(on_device.all_reduce_calls) == int(norm)
     if norm:
@@ -178,7 +178,7 @@ def test_ddppo_checkpoint_loads_onto_the_device(tmp_path):
     agent, _ = ddppo_agent(True, True)
     with OnDevice():  # as main: parameters flattened on the device, then restore() loads the CPU checkpoint
         optimizer = ddppo.make_optimizer(ddppo.Args(), ddppo.flatten_parameters(agent))
-        args = ddppo.Args(resume=True)
+        args = ddppo.RunArgs(resume=True)
         ddppo.restore(args, agent, optimizer, META, str(tmp_path / "c.pt"))
         optimizer.step()
     assert all(v.device == META for v in agent.state_dict().values())

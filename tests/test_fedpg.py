@@ -124,7 +124,7 @@ def test_server_samples_b_trajectories_per_inner_step_after_the_first():
     """v_0 = mu (at theta_0 the mini-batch terms cancel): a round with N_t = 1 is the step theta + eta clip(mu) and
     samples nothing; in general the server samples b (N_t - 1) trajectories; N_t = 0 leaves theta."""
     policy, theta = policy_and_theta()
-    args = fp.Args(aggregator="fedpg-br", sigma=10.0)  # a radius that keeps every gradient
+    args = fp.RunArgs(aggregator="fedpg-br", sigma=10.0)  # a radius that keeps every gradient
     u = 0.01 * torch.randn(10, policy.num_params, generator=torch.Generator().manual_seed(0))
     seen = set()
     for round_ in range(60):
@@ -216,8 +216,8 @@ def test_attacks():
     assert torch.equal(fp.corrupt(u, "random-action", g, [20, 10]), u)  # that attack acts on the sampling
     policy, theta = policy_and_theta()
     theta[-2:] = torch.tensor([-20.0, 20.0])  # output biases: the policy pushes right (action 1) in every state
-    honest = fp.client_update(fp.Args(B=32), policy, theta, 0.0, 0, 0, False, 500)
-    byzantine = fp.client_update(fp.Args(B=32, attack="random-action"), policy, theta, 0.0, 0, 0, True, 500)
+    honest = fp.client_update(fp.RunArgs(B=32), policy, theta, 0.0, 0, 0, False, 500)
+    byzantine = fp.client_update(fp.RunArgs(B=32, attack="random-action"), policy, theta, 0.0, 0, 0, True, 500)
     assert np.mean(honest[2]) < 11 < 16 < np.mean(byzantine[2])  # always right falls at once; random lasts ~22 steps
     batch = batch_from_envs(policy, theta, 64, 1, mode="random")
     assert abs(float(batch["actions"][batch["valid"].bool()].float().mean()) - 0.5) < 0.05
@@ -245,7 +245,7 @@ def test_fedavg_with_one_local_step_equals_the_centralized_update_on_the_pooled_
     """K clients, E = 1, plain SGD (no clipping), full participation, weights by samples: the average of the client
     models is theta + eta * (gradient of the mean over all K batches' steps)."""
     policy, theta = policy_and_theta()
-    args = fp.Args(num_clients=3, max_grad_norm=0.0, B=4)
+    args = fp.RunArgs(num_clients=3, max_grad_norm=0.0, B=4)
     eta, rows, batches = 0.5, [], []
     for k in range(3):
         u, steps, _ = fp.client_update(args, policy, theta, eta, 0, k, False, 500)

@@ -1,5 +1,6 @@
 """Every file refuses a checkpoint it cannot resume from with exit 2 and one line naming --resume, and leaves the
-file as it was (docs/conventions.md §1a): a checkpoint written before the progress format, one that torch.load
+file as it was (docs/conventions.md §1a, §8): a checkpoint of another format version (the folded files, whose
+checkpoints carry one) or written before the progress format (the others), one that torch.load
 cannot read (empty, random bytes, truncated), one that holds no dict, one written by another file, one without
 this file's counters, one of a run with other flags (its recorded run_config), and one whose weights do not fit
 this run's network. And what `restore` takes from a good one is the checkpoint's, bit for bit."""
@@ -10,9 +11,19 @@ import time
 
 import pytest
 import torch
-from conftest import load_algo, progress_of
+from conftest import command_line_args, load_algo, progress_of
 
 ALGOS = ["a3c", "apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"]
+# the files in the folded layout (docs/conventions.md §1): their checkpoints carry the writing file's name and a
+# format version, and a checkpoint without them (unversioned) is refused; the list grows file by file
+VERSIONED = ["ddppo", "fedpg"]
+
+
+def stamped(name: str, payload: dict) -> dict:
+    """`payload` as save_checkpoint writes it: with the file's name and format version in the versioned files."""
+    if name not in VERSIONED:
+        return payload
+    return {**payload, "algo": name, "version": load_algo(name).CHECKPOINT_VERSION}
 
 
 def saved(payload) -> bytes:
@@ -47,13 +58,14 @@ def test_a_damaged_checkpoint_is_refused(runner, name):
 
 
 def another_network(name: str) -> bytes:
-    """Every counter of this file's progress, with weights of another shape under each key the file loads, and
-    no configuration (as written before configurations were recorded: taken as the run's), so that the weights
-    are what is refused."""
+    """Every counter of this file's progress, with weights of another shape under each key the file loads (and, in
+    the unversioned files, no configuration, as written before configurations were recorded: taken as the run's),
+    so that the weights are what is refused."""
     weights = torch.zeros(3) if name in ("es", "fedpg") else {"other_layer.weight": torch.zeros(3)}
     payload = {**progress_of(name), "model": weights, "target": weights, "optimizer": {}, "obstat": torch.zeros(3)}
-    del payload["config"]
-    return saved(payload)
+    if name not in VERSIONED:
+        del payload["config"]
+    return saved(stamped(name, payload))
 
 
 @pytest.mark.parametrize(
@@ -82,24 +94,39 @@ def read_in_process(name: str, content: bytes, tmp_path, capsys) -> str:
 
 @pytest.mark.parametrize("name", ALGOS)
 def test_read_checkpoint_names_what_is_wrong(name, tmp_path, capsys):
-    good = saved({**progress_of(name), "model": torch.zeros(3)})
+    good = saved(stamped(name, {**progress_of(name), "model": torch.zeros(3)}))
     config = progress_of(name)["config"]
+    # the old files kept their counters at the top level under other names ("generation", "updates", ...)
+    old = saved({"global_step": 1000, "generation": 3, "wall_time_s": 5.0})
     cases = {
-        # the old files kept their counters at the top level under other names ("generation", "updates", ...)
-        "old format": (saved({"global_step": 1000, "generation": 3, "wall_time_s": 5.0}), "progress format"),
+        "old format": (old, "unversioned" if name in VERSIONED else "progress format"),
         "empty": (b"", "not a readable checkpoint"),
         "truncated": (good[: len(good) // 2], "not a readable checkpoint"),
         "not a dict": (saved([1, 2, 3]), "holds a list"),
-        "another file": (saved({**progress_of(name), "algo": "other"}), "written by other.py"),
-        "no counters": (saved({"update": 3}), "lacks"),
-        "other flags": (saved({**progress_of(name), "config": {**config, "seed": 7}}), "with --seed 7 (now --seed 1)"),
+        "another file": (saved({**stamped(name, progress_of(name)), "algo": "other"}), "written by other.py"),
+        "no counters": (saved(stamped(name, {"update": 3})), "lacks"),
+        "other flags": (
+            saved(stamped(name, {**progress_of(name), "config": {**config, "seed": 7}})),
+            "with --seed 7 (now --seed 1)",
+        ),
     }
+    if name in VERSIONED:
+        version = load_algo(name).CHECKPOINT_VERSION
+        cases["unversioned"] = (saved({**progress_of(name), "algo": name}), "format unversioned")
+        cases["another version"] = (
+            saved({**stamped(name, progress_of(name)), "version": version + 1}),
+            f"format {version + 1}, this file reads format {version}",
+        )
+        cases["no configuration"] = (
+            saved(stamped(name, {k: v for k, v in progress_of(name).items() if k != "config"})),
+            "lacks config",
+        )
     for case, (content, expected) in cases.items():
         line = read_in_process(name, content, tmp_path, capsys)
         assert expected in line, (case, line)
 
 
-@pytest.mark.parametrize("name", ALGOS)
+@pytest.mark.parametrize("name", [name for name in ALGOS if name not in VERSIONED])
 def test_a_checkpoint_without_a_configuration_is_taken_as_this_runs(name, tmp_path):
     """Written before configurations were recorded: read as this run's (its weights are still checked on load)."""
     module = load_algo(name)
@@ -128,15 +155,18 @@ def test_save_checkpoint_writes_what_read_checkpoint_takes(name, tmp_path):
     path = str(tmp_path / "checkpoint.pt")
     module.save_checkpoint(path, {**progress_of(name), "model": torch.ones(2)})
     checkpoint = module.read_checkpoint(path, progress_of(name))
-    assert "algo" not in checkpoint and torch.equal(checkpoint["model"], torch.ones(2))
-    assert torch.load(path, weights_only=True)["algo"] == name
+    assert "algo" not in checkpoint and "version" not in checkpoint and torch.equal(checkpoint["model"], torch.ones(2))
+    written = torch.load(path, weights_only=True)
+    assert written["algo"] == name
+    assert name not in VERSIONED or written["version"] == module.CHECKPOINT_VERSION
 
 
 def test_federated_pgs_earlier_string_configuration_is_refused(tmp_path, capsys):
-    """Federated PG recorded eleven of its flags in a string before every file recorded its run_config."""
+    """Federated PG recorded eleven of its flags in a string before every file recorded its run_config: such a
+    checkpoint has no format version."""
     earlier = "CartPole-v1 fedavg K=10 M=0 none B=16 b=4 E=4 h=0.0 seed=1 hidden=(16, 16)"
     line = read_in_process("fedpg", saved({**progress_of("fedpg"), "config": earlier}), tmp_path, capsys)
-    assert "earlier format" in line
+    assert "format unversioned" in line
 
 
 @pytest.mark.parametrize("name", ["ddppo", "impala"])
@@ -145,7 +175,7 @@ def test_a_checkpoint_of_another_world_size_is_refused(name, tmp_path, capsys):
     process count, no flag) is part of their configuration."""
     progress = progress_of(name)
     assert progress["config"]["world_size"] == 1
-    content = saved({**progress, "config": {**progress["config"], "world_size": 2}})
+    content = saved(stamped(name, {**progress, "config": {**progress["config"], "world_size": 2}}))
     assert "world size 2 (now world size 1)" in read_in_process(name, content, tmp_path, capsys)
 
 
@@ -211,7 +241,7 @@ def test_restore_loads_weights_optimizer_state_and_counters_exactly(name, tmp_pa
     torch.manual_seed(1)
     fresh, fresh_optimizer = learner(name)
     assert not same_state(fresh[0].state_dict(), networks[0].state_dict())
-    args = module.Args(resume=True)
+    args = command_line_args(module)(resume=True)
     restored = module.restore(
         args, fresh[0], fresh_optimizer, torch.device("cpu"), str(tmp_path / "checkpoint.pt"), *fresh[1:]
     )
@@ -233,7 +263,14 @@ def test_a_checkpoint_of_another_network_is_refused(name, tmp_path, capsys):
     content = another_network(name)
     path.write_bytes(content)
     with pytest.raises(SystemExit) as exit_info:
-        module.restore(module.Args(resume=True), networks[0], optimizer, torch.device("cpu"), str(path), *networks[1:])
+        module.restore(
+            command_line_args(module)(resume=True),
+            networks[0],
+            optimizer,
+            torch.device("cpu"),
+            str(path),
+            *networks[1:],
+        )
     assert exit_info.value.code == 2
     assert path.read_bytes() == content
     lines = capsys.readouterr().err.strip().splitlines()

@@ -8,7 +8,7 @@ import time
 
 import pytest
 import tyro
-from conftest import assert_bad_argument, load_algo
+from conftest import assert_bad_argument, command_line_args, load_algo
 
 VALUE_BASED = [
     (["--seed", -1], "seed"),
@@ -165,7 +165,7 @@ def module(name: str):
 def test_bad_argument_is_refused_naming_it(capsys, name, args, arg):
     algo = module(name)
     with pytest.raises(SystemExit) as refused:
-        algo.validate(tyro.cli(algo.Args, args=[str(a) for a in args]))
+        algo.validate(tyro.cli(command_line_args(algo), args=[str(a) for a in args]))
     assert refused.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and f"--{arg}" in lines[0], lines

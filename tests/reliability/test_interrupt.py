@@ -20,6 +20,7 @@ import torch
 from conftest import (
     assert_same_result,
     check_ok,
+    command_line_args,
     descendants,
     load_algo,
     progress_of,
@@ -346,7 +347,7 @@ def test_a_stop_kept_while_the_workers_start_reaches_them_as_sigusr1(name, monke
     monkeypatch.setenv("MASTER_PORT", "")
     saved = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     try:
-        assert module.spawn_workers(module.Args(num_workers=2), {"signal": signal.SIGINT}) == 0
+        assert module.spawn_workers(command_line_args(module)(num_workers=2), {"signal": signal.SIGINT}) == 0
     finally:
         for number, handler in saved.items():
             signal.signal(number, handler)
