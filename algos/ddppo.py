@@ -573,7 +573,8 @@ def main(args: Args) -> int:
     agent = Agent(obs_shape, spec.action_space, args.norm_obs, args.norm_reward, args.clip_obs).to(device)
     flat = flatten_parameters(agent)
     optimizer = make_optimizer(args, flat)
-    # fresh progress, or a checkpoint's with --resume (weights and optimizer state loaded in place)
+    # fresh progress, or a checkpoint's with --resume (weights and optimizer state loaded in place); rank 0's
+    # weights go to every rank, so that all replicas start identical
     progress = run.restore(agent, optimizer)
 
     # Envs and the sampling generator start once, from a seed tied to (seed, rank, restart update); checkpoints
@@ -586,6 +587,7 @@ def main(args: Args) -> int:
     run.start_training()
     for update in range(progress["update"], args.num_updates):
         # COLLECT: up to num_steps steps of every env; cut short once sync_frac of the ranks have finished theirs
+        # (run.store: the process group's key-value store, which counts the finished rollouts)
         steps = collect_rollout(agent, envs, state, buffers, args, generator, run.store, update)
         run.lap("rollout")
         # LEARN: normalizer statistics over all ranks, GAE, PPO epochs with one gradient all-reduce per minibatch
@@ -598,7 +600,8 @@ def main(args: Args) -> int:
             agent.obs_rms.load(*obs_stats)
         run.lap("learn")
         # PUBLISH: nothing to send: every replica applied the same averaged gradient
-        # BOOKKEEPING: counters over ranks, episodes, logs, checkpoints; a stop signal ends the loop after a checkpoint
+        # BOOKKEEPING: counters over ranks (one all-reduce, the stop request in it), episodes, logs, checkpoints;
+        # a stop signal on some rank ends the loop after a checkpoint
         if run.end_update(steps, state, losses):
             break
     envs.close()
@@ -735,7 +738,7 @@ def fail(arg: str, message: str) -> None:
     sys.exit(2)
 
 
-def validate(args: Args) -> None:
+def validate(args: RunArgs) -> None:
     # env seeds add offsets to the seed and must stay 32-bit
     if not 0 <= args.seed < 2**30:
         fail("seed", f"must be in [0, 2**30), got {args.seed}")
@@ -940,7 +943,7 @@ def refuse_checkpoint(checkpoint_path: str, error: Exception) -> None:
     )
 
 
-def run_config(args: Args) -> dict:
+def run_config(args: RunArgs) -> dict:
     """The flags that define the run, which a resumed run must share with its checkpoint: the algorithm's
     (`Args`) but the budget, which may grow; none of `Infra`'s (how the run is kept alive, watched or
     saved). Values derived from the flags (init=False) follow from them."""
@@ -952,7 +955,7 @@ def run_config(args: Args) -> dict:
     return config
 
 
-def restore(args: Args, model, optimizer, device, checkpoint_path: str) -> dict:
+def restore(args: RunArgs, model, optimizer, device, checkpoint_path: str) -> dict:
     """A fresh progress dict, or with --resume and a checkpoint, the checkpoint's, with the model
     and the optimizer loaded in place. Rank 0 reads the checkpoint and sends it to the other ranks,
     so nodes need no shared disk; without one it sends its initial weights, since nodes with other
@@ -981,6 +984,7 @@ def restore(args: Args, model, optimizer, device, checkpoint_path: str) -> dict:
     return progress
 
 
+# ----------------------------------------------------------------------------------------------- signals and output
 def install_stop_handlers() -> dict:
     """SIGTERM, SIGUSR1 (SLURM preemption) and Ctrl-C's SIGINT ask for a checkpoint at the end of the
     current update. A second Ctrl-C ends the run at once (KeyboardInterrupt, no checkpoint)."""
@@ -996,7 +1000,7 @@ def install_stop_handlers() -> dict:
     return stop
 
 
-def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
+def open_writer(args: RunArgs, run_dir: str, progress: dict) -> SummaryWriter:
     """TensorBoard (and wandb with --track); after a resume, points past the checkpoint's step are
     dropped."""
     if args.track:
@@ -1017,7 +1021,7 @@ def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
     return writer
 
 
-def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float, device, run_dir: str) -> None:
+def write_summary(args: RunArgs, agent: Agent, writer, progress: dict, clock: float, device, run_dir: str) -> None:
     """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with
     --save-model, the weights."""
     video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
@@ -1056,6 +1060,10 @@ def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float
 
 
 # ----------------------------------------------------------------------------------------------- distribution
+# The torchrun death request: a rank under torchrun asks the kernel (prctl's PR_SET_PDEATHSIG, above the imports)
+# to kill it with its agent, whatever kills the agent: ranks that no longer use the agent's store would otherwise
+# train on without it. It comes before the slow imports, so that an agent killed while they run takes its ranks
+# with it (docs/conventions.md §8).
 def global_sum(values: list, device, world_size: int) -> torch.Tensor:
     """Per-rank numbers summed over all ranks: one all-reduce of a float64 tensor on `device` (NCCL:
     the GPU)."""
@@ -1065,7 +1073,7 @@ def global_sum(values: list, device, world_size: int) -> torch.Tensor:
     return total
 
 
-def update_totals(args: Args, steps: int, stop: dict, rollout_time: float, learn_time: float, device) -> dict:
+def update_totals(args: RunArgs, steps: int, stop: dict, rollout_time: float, learn_time: float, device) -> dict:
     """One update's counters summed over ranks (one small all-reduce): env steps, preempted ranks,
     the fraction of the rollout collected, ranks that received a stop signal, and the rollout and
     learning times."""
@@ -1081,7 +1089,7 @@ def update_totals(args: Args, steps: int, stop: dict, rollout_time: float, learn
     return dict(zip(["steps", "preempted", "rollout_frac", "stop", "rollout_time", "learn_time"], totals, strict=True))
 
 
-def setup_distributed(args: Args):
+def setup_distributed(args: RunArgs):
     """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE: join the group (gloo on CPU, NCCL on GPU). Alone:
     world size 1. Returns the device and, with preemption on several ranks, the group's TCPStore (it
     counts finished rollouts)."""
@@ -1110,7 +1118,7 @@ def setup_distributed(args: Args):
     return device, store
 
 
-def seed_everything(args: Args, device) -> None:
+def seed_everything(args: RunArgs, device) -> None:
     """Threads and seeds (the same on every rank: identical initial weights); deterministic kernels
     on CUDA (the CPU ones used here are deterministic already)."""
     torch.set_num_threads(args.torch_threads or 1)
@@ -1125,16 +1133,12 @@ def seed_everything(args: Args, device) -> None:
         torch.backends.cudnn.deterministic = args.torch_deterministic
 
 
-def finish_distributed(args: Args) -> None:
+def finish_distributed(args: RunArgs) -> None:
     """Leave the process group together, at a barrier."""
     if args.world_size > 1:
         dist.barrier()
         dist.destroy_process_group()
 
 
-# The torchrun death request: a rank under torchrun asks the kernel (prctl's PR_SET_PDEATHSIG, above the imports)
-# to kill it with its agent, whatever kills the agent: ranks that no longer use the agent's store would otherwise
-# train on without it. It comes before the slow imports, so that an agent killed while they run takes its ranks
-# with it (docs/conventions.md §8).
 if __name__ == "__main__":
     sys.exit(main(tyro.cli(RunArgs)))

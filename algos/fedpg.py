@@ -4,7 +4,7 @@ baselines.
 
 Each round the server (rank 0) sends theta to the K clients; each samples trajectories in its own
 environments and sends back only a model update, never an observation, action or reward. The server
-aggregates them: a sample- weighted average (fedavg), a coordinate-wise median or trimmed mean, or
+aggregates them: a sample-weighted average (fedavg), a coordinate-wise median or trimmed mean, or
 FedPG-BR's Byzantine filter followed by its variance-reduced (SCSG) inner loop on trajectories of
 its own. `--num-byzantine M` clients send corrupt updates.
 
@@ -726,7 +726,7 @@ def fail(arg: str, message: str) -> None:
     sys.exit(2)
 
 
-def validate(args: Args) -> None:
+def validate(args: RunArgs) -> None:
     # env seeds add offsets (up to 10**9) to the seed and must stay 32-bit
     if not 0 <= args.seed < 2**29:
         fail("seed", f"must be in [0, 2**29), got {args.seed}")
@@ -780,18 +780,6 @@ def validate(args: Args) -> None:
         fail("env_id", f"'{args.env_id}' has observation space {obs_space}; fedpg needs a flat Box")
     if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(action_space.shape) > 1:
         fail("env_id", f"'{args.env_id}' has action space {action_space}; fedpg needs Discrete or 1-D Box")
-
-
-def evaluate_round(args: Args, policy: Policy, theta, writer, progress: dict, threshold, max_steps: int) -> None:
-    """--eval-every: theta's greedy return (the papers' curves), logged against trajectories per
-    client; the first round it reaches the threshold is kept."""
-    trajectories = progress["update"] * args.B * args.local_updates
-    eval_returns = evaluate(policy, theta, args.env_id, args.eval_episodes, args.seed + 10**6, max_steps)
-    eval_return = float(eval_returns.mean())
-    writer.add_scalar("eval/round_return", eval_return, trajectories)
-    reached = threshold is not None and eval_return >= threshold
-    if reached and progress["eval_threshold_trajectories"] is None:
-        progress["eval_threshold_trajectories"] = trajectories
 
 
 # ----------------------------------------------------------------------------------------------- bookkeeping
@@ -899,7 +887,9 @@ def log_update(writer, progress: dict, finished: list, scalars: dict) -> None:
         writer.add_scalar(key, value, step)
 
 
-def round_scalars(args: Args, progress: dict, rows: torch.Tensor, info: dict, eta: float, theta, stats: dict) -> dict:
+def round_scalars(
+    args: RunArgs, progress: dict, rows: torch.Tensor, info: dict, eta: float, theta, stats: dict
+) -> dict:
     """TensorBoard scalars of one round, after the honest clients' episode means."""
     byzantine = {"stats/kept_byzantine": stats["kept_byzantine"]} if args.num_byzantine else {}
     return {
@@ -1008,7 +998,7 @@ def refuse_checkpoint(checkpoint_path: str, error: Exception) -> None:
     )
 
 
-def run_config(args: Args) -> dict:
+def run_config(args: RunArgs) -> dict:
     """The flags that define the run, which a resumed run must share with its checkpoint: the algorithm's
     (`Args`) but the budget, which may grow; none of `Infra`'s (how the run is kept alive, watched or
     saved). Values derived from the flags (init=False) follow from them."""
@@ -1017,7 +1007,7 @@ def run_config(args: Args) -> dict:
     return config
 
 
-def restore(args: Args, theta: torch.Tensor, checkpoint_path: str) -> dict:
+def restore(args: RunArgs, theta: torch.Tensor, checkpoint_path: str) -> dict:
     """A fresh progress dict, or with --resume and a checkpoint, the checkpoint's, with theta loaded
     in place. Rank 0 reads the checkpoint and sends it to the other ranks: nodes need no shared
     filesystem. Trajectories and random draws follow from (seed, round), so nothing else is needed;
@@ -1041,6 +1031,7 @@ def restore(args: Args, theta: torch.Tensor, checkpoint_path: str) -> dict:
     return progress
 
 
+# ----------------------------------------------------------------------------------------------- signals and output
 def install_stop_handlers(stop: Optional[dict] = None) -> dict:
     """SIGTERM, SIGUSR1 (SLURM preemption) and Ctrl-C's SIGINT ask for a checkpoint at the end of the
     current round. Installed first thing in main(), and again by a forked worker on the dict it
@@ -1062,7 +1053,7 @@ def install_stop_handlers(stop: Optional[dict] = None) -> dict:
     return stop
 
 
-def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
+def open_writer(args: RunArgs, run_dir: str, progress: dict) -> SummaryWriter:
     """TensorBoard (and wandb with --track); after a resume, points past the checkpoint's step are
     dropped."""
     if args.track:
@@ -1081,6 +1072,18 @@ def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
     table = "\n".join(f"|{key}|{value}|" for key, value in asdict(args).items())
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
     return writer
+
+
+def evaluate_round(args: RunArgs, policy: Policy, theta, writer, progress: dict, threshold, max_steps: int) -> None:
+    """--eval-every: theta's greedy return (the papers' curves), logged against trajectories per
+    client; the first round it reaches the threshold is kept."""
+    trajectories = progress["update"] * args.B * args.local_updates
+    eval_returns = evaluate(policy, theta, args.env_id, args.eval_episodes, args.seed + 10**6, max_steps)
+    eval_return = float(eval_returns.mean())
+    writer.add_scalar("eval/round_return", eval_return, trajectories)
+    reached = threshold is not None and eval_return >= threshold
+    if reached and progress["eval_threshold_trajectories"] is None:
+        progress["eval_threshold_trajectories"] = trajectories
 
 
 def write_summary(args, policy, theta, writer, progress: dict, clock: float, run_dir, stats: dict, max_steps: int):
@@ -1140,6 +1143,10 @@ def write_summary(args, policy, theta, writer, progress: dict, clock: float, run
 
 
 # ----------------------------------------------------------------------------------------------- distribution
+# The torchrun death request: a rank under torchrun asks the kernel (prctl's PR_SET_PDEATHSIG, above the imports)
+# to kill it with its agent, whatever kills the agent: ranks that no longer use the agent's store would otherwise
+# train on without it. It comes before the slow imports, so that an agent killed while they run takes its ranks
+# with it (docs/conventions.md §8).
 def available_cpus() -> int:
     """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not
     the machine's core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE).
@@ -1147,7 +1154,7 @@ def available_cpus() -> int:
     return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
-def setup_distributed(args: Args) -> None:
+def setup_distributed(args: RunArgs) -> None:
     """torchrun (or spawn_workers) sets RANK/LOCAL_RANK/WORLD_SIZE: join the gloo group. Alone:
     world size 1."""
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -1162,7 +1169,7 @@ def setup_distributed(args: Args) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
 
 
-def seed_everything(args: Args) -> None:
+def seed_everything(args: RunArgs) -> None:
     """Threads and seeds (the same in every process: identical initial theta). One torch thread: the
     per-client batches are tiny, and it keeps every client's floats independent of the process that
     hosts it."""
@@ -1170,14 +1177,14 @@ def seed_everything(args: Args) -> None:
     torch.manual_seed(args.seed)
 
 
-def finish_distributed(args: Args) -> None:
+def finish_distributed(args: RunArgs) -> None:
     """Leave the process group together, at a barrier."""
     if args.world_size > 1:
         dist.barrier()
         dist.destroy_process_group()
 
 
-def worker_entry(index: int, args: Args, num_workers: int, parent: int, stop: dict) -> None:
+def worker_entry(index: int, args: RunArgs, num_workers: int, parent: int, stop: dict) -> None:
     # PR_SET_PDEATHSIG: die with the parent, whatever kills it
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     # from the start: a signal while main() sets up still ends in a checkpoint (and one the parent had is kept)
@@ -1201,7 +1208,7 @@ def forward_signal(stop: dict, workers: list, signum: int, frame=None) -> None:
             os.kill(worker.pid, signum)
 
 
-def spawn_workers(args: Args, stop: dict) -> int:
+def spawn_workers(args: RunArgs, stop: dict) -> int:
     """Without torchrun: fork the `--num-workers` processes that host the clients; they form a gloo group on
     127.0.0.1. If one dies, the others are terminated and the job exits non-zero naming it. SIGTERM/SIGUSR1 are
     passed on to the workers, also one that came before they existed (kept in `stop`)."""
@@ -1246,9 +1253,5 @@ def spawn_workers(args: Args, stop: dict) -> int:
     return 0
 
 
-# The torchrun death request: a rank under torchrun asks the kernel (prctl's PR_SET_PDEATHSIG, above the imports)
-# to kill it with its agent, whatever kills the agent: ranks that no longer use the agent's store would otherwise
-# train on without it. It comes before the slow imports, so that an agent killed while they run takes its ranks
-# with it (docs/conventions.md §8).
 if __name__ == "__main__":
     sys.exit(main(tyro.cli(RunArgs)))

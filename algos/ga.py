@@ -4,12 +4,16 @@
 A population of N policies; each generation the top T are parents, and every child is a parent plus Gaussian
 noise (sigma epsilon, epsilon from a noise table every worker builds from the same seed). No crossover. The
 elite, the best of a few candidates re-evaluated over extra episodes, survives unchanged. An individual is
-stored as its list of seeds (an initialization seed, then one noise offset per generation), so workers
-exchange only seeds and fitnesses and rebuild parameters themselves, never sending them.
+stored as its list of seeds (an initialization seed, then one noise offset per generation), which every
+worker derives from (seed, generation): workers exchange only episode indices, returns and lengths, and
+rebuild parameters themselves, never sending them.
 
   python algos/ga.py                                         # one worker, CartPole-v1
   python algos/ga.py --num-workers 2                         # two worker processes on this machine
   torchrun --standalone --nproc_per_node=2 algos/ga.py       # the same under torchrun (or across nodes)
+
+The file reads top to bottom down to main(); below the "infrastructure" line are the flags, checks,
+checkpoints, signals, worker processes and logging that keep a run alive, none of it the GA.
 """
 
 import ctypes
@@ -28,11 +32,11 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
 from typing import Optional, Tuple
 
-# a rank under torchrun asks the kernel to kill it with its agent, whatever kills the agent (PR_SET_PDEATHSIG):
-# before the slow imports below, so that an agent killed while they run takes its ranks with it; ranks that no
-# longer use the agent's store would otherwise train on without it
+# under torchrun, die with the agent (prctl's PR_SET_PDEATHSIG), asked before the slow imports: see
+# "the torchrun death request" below the fold
+PR_SET_PDEATHSIG = 1
 if "TORCHELASTIC_RUN_ID" in os.environ:
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 import envpool
 import gymnasium as gym
@@ -47,19 +51,13 @@ from torch.utils.tensorboard import SummaryWriter
 
 @dataclass
 class Args:
-    # --- common to every distrl file ---
-    exp_name: str = "ga"  # the name of this experiment (part of the run name)
+    """The algorithm's and the environment's flags; the infrastructure's (checkpoints, processes, logging) are
+    in `Infra`, below the fold, and the command line takes both."""
+
+    # --- experiment and environment ---
     seed: int = 1  # seed of the experiment (initialization seeds, noise table, mutations, parent choices, env seeds)
-    torch_deterministic: bool = True  # kept for the common block: runs on CPU, whose kernels here are deterministic
-    cuda: bool = False  # kept for the common block: the GA evaluates small policies on CPU; this flag is ignored
-    track: bool = False  # log to Weights & Biases as well as TensorBoard
-    wandb_project_name: str = "distrl"  # the wandb project name
-    wandb_entity: Optional[str] = None  # the wandb entity (team)
-    capture_video: bool = False  # write the first evaluation episode as runs/<run_name>/videos/eval_episode0.mp4
-    save_model: bool = False  # write the elite's parameters and seed list to runs/<run_name>/model.pt
     env_id: str = "CartPole-v1"  # the envpool environment id (vector observations: classic control, MuJoCo)
     total_timesteps: int = 300_000  # environment steps over all workers (ends after the generation that exceeds it)
-    eval_episodes: int = 10  # episodes of the final elite to evaluate at the end
     # --- algorithm ---
     population_size: int = 64  # N: individuals per generation (the elite plus N - 1 mutants)
     truncation: int = 8  # T: the top T individuals are the parents of the next generation (the elite is one of them)
@@ -69,77 +67,11 @@ class Args:
     noise_table_size: int = 2**24  # floats in the shared noise table (64 MiB); a mutation seed is an offset into it
     episode_cap: int = 0  # cap on episode length in steps (0: the environment's own limit)
     hidden_sizes: Tuple[int, ...] = (64, 64)  # hidden layer widths of the tanh MLP policy
-    torch_threads: int = 1  # torch threads per worker (tiny forward pass; 1 keeps results split-independent)
-    env_threads: int = 0  # envpool threads per worker (0: this process's CPUs divided among the node's workers)
-    # --- distributed ---
-    num_workers: int = 1  # worker processes to spawn here (without torchrun; under it, each rank is a worker)
-    checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many generations (0: on signals only)
-    resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
-    collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
     local_rank: int = field(default=0, init=False)
     run_name: str = field(default="", init=False)
-
-
-def fail(arg: str, message: str) -> None:
-    """Bad argument: one line naming it on stderr, exit code 2 (as argparse does). Every worker checks
-    the same arguments and checkpoint, so the first (rank 0) speaks for all."""
-    if os.environ.get("RANK", "0") == "0":
-        print(f"{os.path.basename(sys.argv[0])}: error: --{arg.replace('_', '-')}: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def validate(args: Args) -> None:
-    # env seeds add offsets to the seed and must stay 32-bit
-    if not 0 <= args.seed < 2**30:
-        fail("seed", f"must be in [0, 2**30), got {args.seed}")
-    positive = [
-        "collective_timeout",
-        "total_timesteps",
-        "population_size",
-        "truncation",
-        "elite_candidates",
-        "elite_episodes",
-        "eval_episodes",
-        "num_workers",
-        "sigma",
-        "noise_table_size",
-    ]
-    for name in positive:
-        if getattr(args, name) <= 0:
-            fail(name, f"must be positive, got {getattr(args, name)}")
-    for name in ["episode_cap", "torch_threads", "env_threads", "checkpoint_every"]:
-        if getattr(args, name) < 0:
-            fail(name, f"must not be negative, got {getattr(args, name)}")
-    mutants = args.population_size - 1
-    if args.population_size < 2:
-        fail("population_size", f"must be at least 2 (the elite and a mutant), got {args.population_size}")
-    if args.truncation > mutants:
-        fail("truncation", f"{args.truncation} is more than the population's {mutants} mutants")
-    if args.elite_candidates > mutants:
-        fail("elite_candidates", f"{args.elite_candidates} is more than the population's {mutants} mutants")
-    if any(size <= 0 for size in args.hidden_sizes):
-        fail("hidden_sizes", f"must be positive, got {args.hidden_sizes}")
-    if args.num_workers > 1 and "WORLD_SIZE" in os.environ:
-        fail("num_workers", "under torchrun every rank is a worker; leave --num-workers at 1")
-    if args.env_id not in envpool.list_all_envs():
-        fail("env_id", f"'{args.env_id}' is not an envpool environment")
-    env_family = envpool.registration.registry.specs[args.env_id][0]
-    if args.capture_video and env_family not in ("envpool.atari", "envpool.classic_control"):
-        # envpool renders MuJoCo through a GPU context: without one, its render() ends the process
-        fail("capture_video", f"'{args.env_id}' is not Atari or classic control, the envs recorded here")
-    spec = envpool.make_spec(args.env_id)
-    obs_space = spec.observation_space
-    act_space = spec.action_space
-    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-        fail("env_id", f"'{args.env_id}' has observation space {obs_space}; the GA here needs a flat Box")
-    if not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(act_space.shape) > 1:
-        fail("env_id", f"'{args.env_id}' has action space {act_space}; the GA here needs Discrete or 1-D Box")
-    num_params = Policy(obs_space.shape[0], act_space, args.hidden_sizes).num_params
-    if args.noise_table_size < num_params:
-        fail("noise_table_size", f"{args.noise_table_size} is smaller than the policy ({num_params} parameters)")
 
 
 # ----------------------------------------------------------------------------------------------- environment
@@ -379,15 +311,6 @@ def run_episodes(args: Args, policy: Policy, noise, cache: dict, individuals: li
     return rows[:, 1].numpy(), rows[:, 2].numpy().astype(np.int64)
 
 
-def agree_to_stop(args: Args, stop: dict, rollout_time: float) -> tuple:
-    """One all_reduce: whether any worker received SIGTERM/SIGUSR1, and the workers' mean rollout
-    time."""
-    counters = torch.tensor([float(stop["signal"] != 0), rollout_time], dtype=torch.float64)
-    if args.world_size > 1:
-        dist.all_reduce(counters)
-    return bool(counters[0] > 0), float(counters[1]) / args.world_size
-
-
 def evaluate(args: Args, policy: Policy, theta: torch.Tensor, video_dir: Optional[str] = None) -> np.ndarray:
     """The final elite for eval_episodes episodes (env seeds seed + 10**6 + i); with video_dir, episode 0
     is also written there as an MP4."""
@@ -397,6 +320,247 @@ def evaluate(args: Args, policy: Policy, theta: torch.Tensor, video_dir: Optiona
         policy, params, args.env_id, args.seed + 10**6, max_steps, args.env_threads, video_dir
     )
     return returns
+
+
+# ----------------------------------------------------------------------------------------------- main
+def main(args: Args, stop: Optional[dict] = None) -> int:
+    # stop: the stop-signal dict a forked worker inherits from its launcher (None otherwise)
+    # stop signals, flag checks, then the worker processes or torchrun's group, threads: all below the fold
+    run = Run(args, stop)
+    if run.forks_workers:
+        # without torchrun: fork the --num-workers worker processes (each runs main()) and wait for them
+        return spawn_workers(args, run.stop)
+    spec = envpool.make_spec(args.env_id)
+    max_steps = spec.config.max_episode_steps
+    obs_dim = spec.observation_space.shape[0]
+    policy = Policy(obs_dim, spec.action_space, args.hidden_sizes)
+    dim = policy.num_params
+    cap = args.episode_cap or max_steps
+    # its own stream, apart from the weights' (seed)
+    noise = noise_table(args.seed + 2**32, args.noise_table_size)
+    # An individual is its seed list; the parents and the elite (in progress) are all the state there is. `cache`
+    # maps the seed lists of the current parents to their parameters, so that building a child is one mutation.
+    cache = {}
+    # fresh progress, or a checkpoint's with --resume (the parents' and the elite's seed lists; rank 0 reads it
+    # and broadcasts it)
+    progress = run.restore(policy)
+    run.start_training()
+    while progress["global_step"] < args.total_timesteps:
+        # COLLECT: one episode for each individual (N fresh ones at first, then N - 1 mutants of uniformly chosen
+        # parents), then E more for each elite candidate (with the mutants' episode cap, as in Uber's code)
+        generation = progress["update"]
+        cache = cache_parents(progress["parents"], cache, policy, noise, args.sigma)
+        individuals = make_generation(
+            progress["parents"], args.seed, generation, args.population_size, args.noise_table_size, dim
+        )
+        seed = env_seed(args, generation, 0)
+        fitness, lengths = run_episodes(args, policy, noise, cache, individuals, seed, cap)
+        candidates = elite_candidates(individuals, fitness, progress["elite"], args.elite_candidates)
+        candidate_episodes = [candidate for candidate in candidates for _ in range(args.elite_episodes)]
+        seed = env_seed(args, generation, args.population_size)
+        candidate_returns, candidate_lengths = run_episodes(args, policy, noise, cache, candidate_episodes, seed, cap)
+        run.lap("rollout")
+        # LEARN: the elite (the candidate with the best mean) and truncation selection of the next parents
+        best = ga_update(progress, individuals, fitness, candidates, candidate_returns, args)
+        # BOOKKEEPING: the counters, clocks, the stop request over all workers (one all-reduce), the elite's
+        # episodes, logs, checkpoints (rank 0); a stop signal ends the loop after a checkpoint
+        progress["update"] += 1
+        progress["global_step"] += int(lengths.sum() + candidate_lengths.sum())
+        # the elite's re-evaluation episodes (the policy the GA returns), not the mutants, which are exploration
+        elite_returns = candidate_returns[best * args.elite_episodes : (best + 1) * args.elite_episodes]
+        if run.end_generation(fitness, lengths, elite_returns, len(candidate_episodes)):
+            break
+    # the final evaluation of the elite and summary.json (unless a signal stopped the run), then the writer and
+    # process group
+    run.finish(params_of(progress["elite"], cache, policy, noise, args.sigma))
+    return 0
+
+
+# ==== infrastructure: flags, checks, checkpoints, signals, processes, logging; nothing below is the GA ====
+@dataclass
+class Infra:
+    """The flags that keep a run alive, watched, reproducible and resumable, not what it learns."""
+
+    exp_name: str = "ga"  # the name of this experiment (part of the run name)
+    torch_deterministic: bool = True  # kept for the common block: runs on CPU, whose kernels here are deterministic
+    cuda: bool = False  # kept for the common block: the GA evaluates small policies on CPU; this flag is ignored
+    track: bool = False  # log to Weights & Biases as well as TensorBoard
+    wandb_project_name: str = "distrl"  # the wandb project name
+    wandb_entity: Optional[str] = None  # the wandb entity (team)
+    capture_video: bool = False  # write the first evaluation episode as runs/<run_name>/videos/eval_episode0.mp4
+    save_model: bool = False  # write the elite's parameters and seed list to runs/<run_name>/model.pt
+    eval_episodes: int = 10  # episodes of the final elite to evaluate at the end
+    torch_threads: int = 1  # torch threads per worker (tiny forward pass; 1 keeps results split-independent)
+    env_threads: int = 0  # envpool threads per worker (0: this process's CPUs divided among the node's workers)
+    num_workers: int = 1  # worker processes to spawn here (without torchrun; under it, each rank is a worker)
+    checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many generations (0: on signals only)
+    resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
+    collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
+
+
+# every flag of the command line, the algorithm's first (in --help too)
+@dataclass
+class RunArgs(Infra, Args):
+    pass
+
+
+# a checkpoint of another format version ends the run with exit 2 (read_checkpoint)
+CHECKPOINT_VERSION = 1
+
+
+class Run:
+    """The infrastructure of one run, as main() uses it: set-up, restore, clocks, the bookkeeping of each
+    generation (the stop request over all workers, episodes, TensorBoard, progress lines, checkpoints) and
+    the end (the final evaluation, summary.json, closing the writer and the process group)."""
+
+    def __init__(self, args: RunArgs, stop: Optional[dict]):
+        # first of all: a SIGTERM/SIGUSR1 during start-up ends in a checkpoint, not in exit 143
+        self.stop = install_stop_handlers(stop)
+        # envpool's spaces warn about it
+        warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
+        validate(args)
+        args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
+        self.run_dir = os.path.join("runs", args.run_name)
+        self.checkpoint_path = os.path.join(self.run_dir, "checkpoint.pt")
+        self.args = args
+        self.forks_workers = args.num_workers > 1
+        if self.forks_workers:
+            if args.resume and os.path.exists(self.checkpoint_path):
+                # a checkpoint no worker could use is refused here, in one line, before any worker starts
+                read_checkpoint(self.checkpoint_path, new_progress(run_config(args)))
+            return
+        setup_distributed(args)
+        torch.set_num_threads(args.torch_threads)
+        args.env_threads = args.env_threads or available_cpus()
+        self.threshold = envpool.make_spec(args.env_id).reward_threshold
+        self.stopped = False
+
+    def restore(self, policy) -> dict:
+        """Fresh progress, or the checkpoint's with --resume (the GA's whole state is its seed lists, in
+        progress); opens rank 0's writer. The run keeps the policy for its summary."""
+        args = self.args
+        self.policy = policy
+        self.progress = restore(args, self.checkpoint_path)
+        self.writer = open_writer(args, self.run_dir, self.progress) if args.rank == 0 else None
+        self.stats = {"parameter_bytes": policy.num_params * 4 * args.population_size}
+        return self.progress
+
+    def start_training(self) -> None:
+        """Training time counts from here (start-up is reported on its own)."""
+        self.clock = start_clock(self.progress)
+        self.lap_start = self.clock
+        self.last_print = 0.0
+
+    def lap(self, name: str) -> None:
+        """The time since the previous lap (or the start of the generation) as this generation's `name` time."""
+        now = time.time()
+        self.stats[f"{name}_time_s"] = now - self.lap_start
+        self.lap_start = now
+
+    def end_generation(self, fitness: np.ndarray, lengths: np.ndarray, elite_returns, candidate_episodes: int) -> bool:
+        """One generation's bookkeeping: the clocks, the stop request and the mean rollout time over all
+        workers (one small all-reduce), the elite's episodes, rank 0's log and progress line, a checkpoint when
+        due or asked for; `candidate_episodes` counts the elite candidates' episodes (for the bytes
+        exchanged). Returns True when a stop signal reached some worker (checkpoint written: the loop ends)."""
+        args = self.args
+        progress = self.progress
+        stats = self.stats
+        table_bytes = gathered_bytes(len(fitness), args.world_size)
+        stats["bytes_per_generation"] = table_bytes + gathered_bytes(candidate_episodes, args.world_size)
+        self.clock = advance_clock(progress, self.clock)
+        self.stopped, stats["rollout_time_s"] = agree_to_stop(args, self.stop, stats["rollout_time_s"])
+        record_returns(progress, elite_returns.tolist(), self.threshold)
+        if args.rank == 0:
+            population_means = [(fitness.mean(), lengths.mean())]
+            scalars = generation_scalars(args, progress, fitness, stats)
+            log_update(self.writer, progress, population_means, scalars)
+            self.last_print = print_progress(progress, args.total_timesteps, self.last_print)
+            every = args.checkpoint_every
+            if self.stopped or (every and progress["update"] % every == 0):
+                save_checkpoint(self.checkpoint_path, progress)
+        if self.stopped and args.rank == 0:
+            # SIGTERM/SIGUSR1 on some worker (SLURM preemption): saved above, exit cleanly
+            print(
+                f"signal received: checkpoint of generation {progress['update']} written to {self.checkpoint_path}; "
+                "rerun with --resume to continue",
+                flush=True,
+            )
+        self.lap_start = time.time()
+        return self.stopped
+
+    def finish(self, elite: torch.Tensor) -> None:
+        """The final evaluation of the elite's parameters and the summary (also after resuming a checkpoint past
+        the budget; not after a stop signal), then the writer, wandb and the process group."""
+        args = self.args
+        if args.rank == 0 and not self.stopped:
+            write_summary(args, self.policy, elite, self.writer, self.progress, self.clock, self.run_dir, self.stats)
+        if self.writer is not None:
+            self.writer.close()
+            if args.track:
+                import wandb
+
+                wandb.finish()
+        finish_distributed(args)
+
+
+# ----------------------------------------------------------------------------------------------- checks
+def fail(arg: str, message: str) -> None:
+    """Bad argument: one line naming it on stderr, exit code 2 (as argparse does). Every worker checks
+    the same arguments and checkpoint, so the first (rank 0) speaks for all."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"{os.path.basename(sys.argv[0])}: error: --{arg.replace('_', '-')}: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def validate(args: RunArgs) -> None:
+    # env seeds add offsets to the seed and must stay 32-bit
+    if not 0 <= args.seed < 2**30:
+        fail("seed", f"must be in [0, 2**30), got {args.seed}")
+    positive = [
+        "collective_timeout",
+        "total_timesteps",
+        "population_size",
+        "truncation",
+        "elite_candidates",
+        "elite_episodes",
+        "eval_episodes",
+        "num_workers",
+        "sigma",
+        "noise_table_size",
+    ]
+    for name in positive:
+        if getattr(args, name) <= 0:
+            fail(name, f"must be positive, got {getattr(args, name)}")
+    for name in ["episode_cap", "torch_threads", "env_threads", "checkpoint_every"]:
+        if getattr(args, name) < 0:
+            fail(name, f"must not be negative, got {getattr(args, name)}")
+    mutants = args.population_size - 1
+    if args.population_size < 2:
+        fail("population_size", f"must be at least 2 (the elite and a mutant), got {args.population_size}")
+    if args.truncation > mutants:
+        fail("truncation", f"{args.truncation} is more than the population's {mutants} mutants")
+    if args.elite_candidates > mutants:
+        fail("elite_candidates", f"{args.elite_candidates} is more than the population's {mutants} mutants")
+    if any(size <= 0 for size in args.hidden_sizes):
+        fail("hidden_sizes", f"must be positive, got {args.hidden_sizes}")
+    if args.num_workers > 1 and "WORLD_SIZE" in os.environ:
+        fail("num_workers", "under torchrun every rank is a worker; leave --num-workers at 1")
+    if args.env_id not in envpool.list_all_envs():
+        fail("env_id", f"'{args.env_id}' is not an envpool environment")
+    env_family = envpool.registration.registry.specs[args.env_id][0]
+    if args.capture_video and env_family not in ("envpool.atari", "envpool.classic_control"):
+        # envpool renders MuJoCo through a GPU context: without one, its render() ends the process
+        fail("capture_video", f"'{args.env_id}' is not Atari or classic control, the envs recorded here")
+    spec = envpool.make_spec(args.env_id)
+    obs_space = spec.observation_space
+    act_space = spec.action_space
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        fail("env_id", f"'{args.env_id}' has observation space {obs_space}; the GA here needs a flat Box")
+    if not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(act_space.shape) > 1:
+        fail("env_id", f"'{args.env_id}' has action space {act_space}; the GA here needs Discrete or 1-D Box")
+    num_params = Policy(obs_space.shape[0], act_space, args.hidden_sizes).num_params
+    if args.noise_table_size < num_params:
+        fail("noise_table_size", f"{args.noise_table_size} is smaller than the policy ({num_params} parameters)")
 
 
 # ----------------------------------------------------------------------------------------------- bookkeeping
@@ -490,9 +654,11 @@ def print_progress(progress: dict, total_timesteps: int, last_print: float) -> f
     return now
 
 
+# ----------------------------------------------------------------------------------------------- checkpoints
 def save_checkpoint(path: str, payload: dict) -> None:
     """Atomic: write a temporary file beside the target, then rename it over the target."""
-    payload = {**payload, "algo": "ga", "recent_returns": list(payload["recent_returns"])}
+    payload = {**payload, "algo": "ga", "version": CHECKPOINT_VERSION}
+    payload["recent_returns"] = list(payload["recent_returns"])
     temporary = f"{path}.tmp{os.getpid()}"
     torch.save(payload, temporary)
     os.replace(temporary, path)
@@ -513,8 +679,8 @@ def as_typed(flag: str, value) -> str:
 
 def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     """The dict that save_checkpoint wrote, or exit 2 with one line saying what is wrong with the file,
-    which is left as it is: unreadable (truncated, empty, random bytes), of the old format, written by
-    another file, without this file's counters, or of a run with other flags (run_config)."""
+    which is left as it is: unreadable (truncated, empty, random bytes), written by another file, of
+    another format version, without this file's counters, or of a run with other flags (run_config)."""
     # a damaged file raises one of many types (from zipfile, pickle or torch), all of them meaning the same here
     try:
         checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
@@ -522,54 +688,42 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
         fail("resume", f"{checkpoint_path} is not a readable checkpoint ({type(error).__name__}); move it away")
     if not isinstance(checkpoint, dict):
         fail("resume", f"{checkpoint_path} holds a {type(checkpoint).__name__}, not a checkpoint; move it away")
-    if "update" not in checkpoint:
-        fail("resume", f"{checkpoint_path} has no 'update': written before the progress format; use another --exp-name")
-    # checkpoints written before this tag are taken as this file's
-    written_by = checkpoint.pop("algo", "ga")
-    if written_by != "ga":
+    written_by = checkpoint.pop("algo", None)
+    if written_by not in (None, "ga"):
         fail("resume", f"{checkpoint_path} was written by {written_by}.py, not ga.py; use another --exp-name")
-    # checkpoints written before configurations were recorded, and flags added since, are taken as this run's
-    recorded = checkpoint.setdefault("config", progress["config"])
-    changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag, value) != value}
-    if changed:
-        was = ", ".join(
-            f"{as_typed(flag, recorded[flag])} (now {as_typed(flag, value)})" for flag, value in changed.items()
+    version = checkpoint.pop("version", "unversioned")
+    if version != CHECKPOINT_VERSION:
+        fail(
+            "resume",
+            f"{checkpoint_path} is of checkpoint format {version}, this file reads format {CHECKPOINT_VERSION}; "
+            "use another --exp-name",
         )
-        fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
     missing = sorted(set(progress) - set(checkpoint))
     if missing:
         fail(
-            "resume", f"{checkpoint_path} lacks {', '.join(missing)}: not a checkpoint of ga.py; use another --exp-name"
+            "resume",
+            f"{checkpoint_path} lacks {', '.join(missing)}: not a checkpoint of ga.py; use another --exp-name",
         )
+    recorded = checkpoint["config"]
+    changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag) != value}
+    if changed:
+        was = ", ".join(
+            f"{as_typed(flag, recorded.get(flag))} (now {as_typed(flag, value)})" for flag, value in changed.items()
+        )
+        fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
     return checkpoint
 
 
-def run_config(args: Args) -> dict:
-    """The flags that define the run, which a resumed run must share with its checkpoint: all but those
-    that say how long it goes, how its work is spread over processes and threads, how long it waits
-    for them, and what it logs or saves. Values derived from the flags (init=False) follow from them."""
-    may_change = {
-        "exp_name",
-        "torch_deterministic",
-        "cuda",
-        "track",
-        "wandb_project_name",
-        "wandb_entity",
-        "capture_video",
-        "save_model",
-        "total_timesteps",
-        "eval_episodes",
-        "torch_threads",
-        "env_threads",
-        "num_workers",
-        "checkpoint_every",
-        "resume",
-        "collective_timeout",
-    }
-    return {flag.name: getattr(args, flag.name) for flag in fields(args) if flag.init and flag.name not in may_change}
+def run_config(args: RunArgs) -> dict:
+    """The flags that define the run, which a resumed run must share with its checkpoint: the algorithm's
+    (`Args`) but the budget, which may grow; none of `Infra`'s (how the run is kept alive, watched or
+    saved). Values derived from the flags (init=False) follow from them."""
+    may_change = {"total_timesteps"}
+    config = {flag.name: getattr(args, flag.name) for flag in fields(Args) if flag.init and flag.name not in may_change}
+    return config
 
 
-def restore(args: Args, checkpoint_path: str) -> dict:
+def restore(args: RunArgs, checkpoint_path: str) -> dict:
     """A fresh progress dict, or with --resume and a checkpoint, the checkpoint's: the GA has no
     model or optimizer apart from the seed lists in progress. Rank 0 reads the checkpoint and
     broadcasts it: nodes need no shared filesystem. Episodes and mutations follow from (seed,
@@ -589,6 +743,7 @@ def restore(args: Args, checkpoint_path: str) -> dict:
     return progress
 
 
+# ----------------------------------------------------------------------------------------------- signals and output
 def install_stop_handlers(stop: Optional[dict] = None) -> dict:
     """SIGTERM, SIGUSR1 (SLURM preemption) and Ctrl-C's SIGINT ask for a checkpoint at the end of the
     current generation. Installed first thing in main(), and again by a forked worker on the dict it
@@ -610,7 +765,7 @@ def install_stop_handlers(stop: Optional[dict] = None) -> dict:
     return stop
 
 
-def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
+def open_writer(args: RunArgs, run_dir: str, progress: dict) -> SummaryWriter:
     """TensorBoard (and wandb with --track); after a resume, points past the checkpoint's step are
     dropped."""
     if args.track:
@@ -633,7 +788,7 @@ def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
     return writer
 
 
-def generation_scalars(args: Args, progress: dict, fitness: np.ndarray, stats: dict) -> dict:
+def generation_scalars(args: RunArgs, progress: dict, fitness: np.ndarray, stats: dict) -> dict:
     """TensorBoard scalars of one generation, after its mean return and length."""
     return {
         "charts/episodic_return_max": fitness.max(),
@@ -699,13 +854,18 @@ def write_summary(args, policy, theta, writer, progress: dict, clock: float, run
     )
 
 
+# ----------------------------------------------------------------------------------------------- distribution
+# The torchrun death request: a rank under torchrun asks the kernel (prctl's PR_SET_PDEATHSIG, above the imports)
+# to kill it with its agent, whatever kills the agent: ranks that no longer use the agent's store would otherwise
+# train on without it. It comes before the slow imports, so that an agent killed while they run takes its ranks
+# with it (docs/conventions.md §8).
 def available_cpus() -> int:
     """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not
     the machine's core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE)."""
     return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
-def setup_distributed(args: Args) -> None:
+def setup_distributed(args: RunArgs) -> None:
     """torchrun (or spawn_workers) sets RANK/LOCAL_RANK/WORLD_SIZE: join the gloo group. Alone:
     world size 1."""
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -720,15 +880,15 @@ def setup_distributed(args: Args) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
 
 
-def finish_distributed(args: Args) -> None:
+def finish_distributed(args: RunArgs) -> None:
     if args.world_size > 1:
         dist.barrier()
         dist.destroy_process_group()
 
 
-def worker_entry(index: int, args: Args, num_workers: int, parent: int, stop: dict) -> None:
+def worker_entry(index: int, args: RunArgs, num_workers: int, parent: int, stop: dict) -> None:
     # PR_SET_PDEATHSIG: die with the parent, whatever kills it
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     # from the start: a signal while main() sets up still ends in a checkpoint (and one the parent had is kept)
     install_stop_handlers(stop)
     # the parent died before the prctl above
@@ -750,7 +910,7 @@ def forward_signal(stop: dict, workers: list, signum: int, frame=None) -> None:
             os.kill(worker.pid, signum)
 
 
-def spawn_workers(args: Args, stop: dict) -> int:
+def spawn_workers(args: RunArgs, stop: dict) -> int:
     """`--num-workers K` without torchrun: fork K workers that form a gloo group on 127.0.0.1. If
     one dies, the others are terminated and the job exits non-zero naming it. SIGTERM/SIGUSR1 are
     passed on to the workers, also one that came before they existed (kept in `stop`)."""
@@ -795,98 +955,14 @@ def spawn_workers(args: Args, stop: dict) -> int:
     return 0
 
 
-def main(args: Args, stop: Optional[dict] = None) -> int:
-    # first of all: a SIGTERM/SIGUSR1 during start-up ends in a checkpoint, not in exit 143
-    stop = install_stop_handlers(stop)
-    # envpool's spaces warn about it
-    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
-    validate(args)
-    args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
-    run_dir = os.path.join("runs", args.run_name)
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-    if args.num_workers > 1:
-        if args.resume and os.path.exists(checkpoint_path):
-            # a checkpoint no worker could use is refused here, in one line, before any worker starts
-            read_checkpoint(checkpoint_path, new_progress(run_config(args)))
-        return spawn_workers(args, stop)
-    setup_distributed(args)
-    torch.set_num_threads(args.torch_threads)
-    args.env_threads = args.env_threads or available_cpus()
-    spec = envpool.make_spec(args.env_id)
-    threshold = spec.reward_threshold
-    max_steps = spec.config.max_episode_steps
-    obs_dim = spec.observation_space.shape[0]
-    policy = Policy(obs_dim, spec.action_space, args.hidden_sizes)
-    dim = policy.num_params
-    cap = args.episode_cap or max_steps
-    # its own stream, apart from the weights' (seed)
-    noise = noise_table(args.seed + 2**32, args.noise_table_size)
-    # An individual is its seed list; the parents and the elite (in progress) are all the state there is. `cache`
-    # maps the seed lists of the current parents to their parameters, so that building a child is one mutation.
-    cache = {}
-    progress = restore(args, checkpoint_path)
-    writer = open_writer(args, run_dir, progress) if args.rank == 0 else None
-    stats = {"parameter_bytes": dim * 4 * args.population_size}
-    last_print = 0.0
-    clock = start_clock(progress)
-    while progress["global_step"] < args.total_timesteps:
-        # COLLECT: one episode for each individual (N fresh ones at first, then N - 1 mutants of uniformly chosen
-        # parents), then E more for each elite candidate (with the mutants' episode cap, as in Uber's code)
-        collect_start = time.time()
-        generation = progress["update"]
-        cache = cache_parents(progress["parents"], cache, policy, noise, args.sigma)
-        individuals = make_generation(
-            progress["parents"], args.seed, generation, args.population_size, args.noise_table_size, dim
-        )
-        seed = env_seed(args, generation, 0)
-        fitness, lengths = run_episodes(args, policy, noise, cache, individuals, seed, cap)
-        candidates = elite_candidates(individuals, fitness, progress["elite"], args.elite_candidates)
-        candidate_episodes = [candidate for candidate in candidates for _ in range(args.elite_episodes)]
-        seed = env_seed(args, generation, args.population_size)
-        candidate_returns, candidate_lengths = run_episodes(args, policy, noise, cache, candidate_episodes, seed, cap)
-        stats["rollout_time_s"] = time.time() - collect_start
-        # LEARN: the elite (the candidate with the best mean) and truncation selection of the next parents
-        best = ga_update(progress, individuals, fitness, candidates, candidate_returns, args)
-        table_bytes = gathered_bytes(len(individuals), args.world_size)
-        stats["bytes_per_generation"] = table_bytes + gathered_bytes(len(candidate_episodes), args.world_size)
-        # BOOKKEEPING: clocks, the elite's episodes, logs, checkpoints (rank 0)
-        progress["update"] += 1
-        progress["global_step"] += int(lengths.sum() + candidate_lengths.sum())
-        clock = advance_clock(progress, clock)
-        stopping, stats["rollout_time_s"] = agree_to_stop(args, stop, stats["rollout_time_s"])
-        # the elite's re-evaluation episodes (the policy the GA returns), not the mutants, which are exploration
-        best_episodes = slice(best * args.elite_episodes, (best + 1) * args.elite_episodes)
-        record_returns(progress, candidate_returns[best_episodes].tolist(), threshold)
-        if args.rank == 0:
-            population_means = [(fitness.mean(), lengths.mean())]
-            scalars = generation_scalars(args, progress, fitness, stats)
-            log_update(writer, progress, population_means, scalars)
-            last_print = print_progress(progress, args.total_timesteps, last_print)
-            every = args.checkpoint_every
-            if stopping or (every and progress["update"] % every == 0):
-                save_checkpoint(checkpoint_path, progress)
-        if stopping:
-            # SIGTERM/SIGUSR1 on some worker (SLURM preemption): saved above, exit cleanly
-            if args.rank == 0:
-                print(
-                    f"signal received: checkpoint of generation {progress['update']} written to {checkpoint_path}; "
-                    "rerun with --resume to continue",
-                    flush=True,
-                )
-            break
-    else:
-        if args.rank == 0:
-            theta = params_of(progress["elite"], cache, policy, noise, args.sigma)
-            write_summary(args, policy, theta, writer, progress, clock, run_dir, stats)
-    if writer is not None:
-        writer.close()
-        if args.track:
-            import wandb
-
-            wandb.finish()
-    finish_distributed(args)
-    return 0
+def agree_to_stop(args: RunArgs, stop: dict, rollout_time: float) -> tuple:
+    """One all_reduce: whether any worker received SIGTERM/SIGUSR1, and the workers' mean rollout
+    time."""
+    counters = torch.tensor([float(stop["signal"] != 0), rollout_time], dtype=torch.float64)
+    if args.world_size > 1:
+        dist.all_reduce(counters)
+    return bool(counters[0] > 0), float(counters[1]) / args.world_size
 
 
 if __name__ == "__main__":
-    sys.exit(main(tyro.cli(Args)))
+    sys.exit(main(tyro.cli(RunArgs)))

@@ -15,7 +15,7 @@ import atari  # noqa: E402
 import run  # noqa: E402
 
 # the files in the folded layout; the list grows file by file until it holds all nine
-FOLDED = ["ddppo", "fedpg"]
+FOLDED = ["ddppo", "es", "fedpg", "ga"]
 ALL = ["a3c", "apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"]
 # definitions that belong below the fold in every file that has them: flags, checks, checkpoints, determinism,
 # health checks, signals, torchrun plumbing and bookkeeping

@@ -16,7 +16,7 @@ from conftest import command_line_args, load_algo, progress_of
 ALGOS = ["a3c", "apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"]
 # the files in the folded layout (docs/conventions.md §1): their checkpoints carry the writing file's name and a
 # format version, and a checkpoint without them (unversioned) is refused; the list grows file by file
-VERSIONED = ["ddppo", "fedpg"]
+VERSIONED = ["ddppo", "es", "fedpg", "ga"]
 
 
 def stamped(name: str, payload: dict) -> dict:
