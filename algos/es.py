@@ -170,6 +170,9 @@ def centered_ranks(x: np.ndarray) -> np.ndarray:
     scaled to [-0.5, 0.5]. Tied values share their average rank, so a constant fitness gives
     all-zero weights."""
     flat = x.ravel()
+    # one value is a constant fitness too (its rank over size - 1 would be 0 / 0)
+    if flat.size == 1:
+        return np.zeros(x.shape)
     # a value's tied group spans [left, right) in sorted order; its mean rank is the middle
     ordered = np.sort(flat)
     ranks = (np.searchsorted(ordered, flat, "left") + np.searchsorted(ordered, flat, "right") - 1) / 2.0

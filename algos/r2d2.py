@@ -451,6 +451,8 @@ class SumTree:
     Unwritten leaves: 0 (sum tree), +inf (min tree)."""
 
     def __init__(self, capacity: int):
+        if capacity <= 0:
+            raise ValueError(f"SumTree: capacity must be positive, got {capacity}")
         self.size = 1 << max(1, (capacity - 1).bit_length())
         self.sum = np.zeros(2 * self.size)
         self.min = np.full(2 * self.size, np.inf)
@@ -458,6 +460,9 @@ class SumTree:
     def update(self, leaves: np.ndarray, priorities: np.ndarray) -> None:
         """Set the priorities (already raised to alpha) of `leaves`; the last one wins for a
         repeated leaf."""
+        # a negative (or NaN) priority would make the sums lie about the tree's leaves
+        if not np.all(np.asarray(priorities) >= 0):
+            raise ValueError("SumTree: priorities must be non-negative numbers")
         nodes = np.asarray(leaves) + self.size
         self.sum[nodes] = priorities
         self.min[nodes] = priorities
@@ -519,6 +524,8 @@ class PrioritizedReplay:
         self.size = min(self.size + count, self.capacity)
 
     def sample(self, batch_size: int, beta: float, rng: np.random.Generator):
+        if self.size == 0:
+            raise ValueError("PrioritizedReplay: cannot sample an empty replay")
         total = self.tree.total()
         values = (np.arange(batch_size) + rng.random(batch_size)) * (total / batch_size)
         indices = np.minimum(self.tree.find(np.minimum(values, np.nextafter(total, 0))), self.size - 1)

@@ -434,3 +434,23 @@ def test_deterministic_mode_resumed_at_a_restart_point_is_bitwise_the_uninterrup
     assert steps[0] > saved["global_step"], resumed.stdout[:500]  # resumed, not anew
     whole, cut = runner.summary("CartPole-v1", "whole"), runner.summary("CartPole-v1", "cut")
     assert {k: v for k, v in whole.items() if k not in TIMING} == {k: v for k, v in cut.items() if k not in TIMING}
+
+
+@pytest.mark.parametrize("name", ["apex", "r2d2"])
+def test_sum_tree_and_replay_refuse_what_they_cannot_hold(name):
+    """A capacity below 1, a negative or NaN priority, and a draw from an empty replay raise a clear error (the
+    empty replay used to return index -1 with infinite weights)."""
+    module = load_algo(name)
+    for capacity in (0, -5):
+        with pytest.raises(ValueError, match="capacity must be positive"):
+            module.SumTree(capacity)
+    tree = module.SumTree(8)
+    for priority in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="non-negative"):
+            tree.update(np.array([2]), np.array([priority]))
+    tree.update(np.array([2]), np.array([0.0]))
+    assert tree.total() == 0.0
+    fields = {"obs": torch.zeros(4)}
+    replay = module.PrioritizedReplay(16, fields, 0.6, 1e-6, torch.device("cpu"))
+    with pytest.raises(ValueError, match="empty replay"):
+        replay.sample(4, 0.4, np.random.default_rng(0))

@@ -37,6 +37,14 @@ def test_centered_ranks_match_reference(seed):
     assert es.centered_ranks(x).sum() == pytest.approx(0.0)
 
 
+def test_centered_ranks_of_one_value_or_a_constant_fitness_are_zero():
+    """The docstring's promise: a constant fitness gives all-zero weights, a single value included (it used to
+    give NaN: its rank over size - 1 was 0 / 0)."""
+    assert es.centered_ranks(np.array([7.0])).tolist() == [0.0]
+    assert es.centered_ranks(np.array([[3.0]])).shape == (1, 1)
+    assert not es.centered_ranks(np.full(5, 2.0)).any()
+
+
 def test_antithetic_pairs_cancel_a_constant_fitness():
     noise = es.noise_table(0, 10_000)
     shaped = es.centered_ranks(np.full((16, 2), 500.0))
