@@ -7,8 +7,12 @@ applies it to the shared parameters without any lock (Hogwild). One node by natu
 
   python algos/a3c.py                                  # one worker per CPU this process may use, CartPole-v1
   python algos/a3c.py --num-workers 1                  # the reproducible reference (bitwise repeatable)
+
+The file reads top to bottom down to main(); below the "infrastructure" line are the flags, checks, the
+workers' health checks, checkpoints, signals and logging that keep a run alive, none of it A3C.
 """
 
+import contextlib
 import ctypes
 import json
 import math
@@ -35,19 +39,13 @@ from torch.utils.tensorboard import SummaryWriter
 
 @dataclass
 class Args:
-    # --- common to every distrl file ---
-    exp_name: str = "a3c"  # the name of this experiment (part of the run name)
+    """The algorithm's and the environment's flags; the infrastructure's (checkpoints, timeouts, threads,
+    logging) are in `Infra`, below the fold, and the command line takes both."""
+
+    # --- experiment and environment ---
     seed: int = 1  # seed of the experiment
-    torch_deterministic: bool = True  # kept for the common block: A3C runs on CPU, whose kernels here are deterministic
-    cuda: bool = False  # kept for the common block: Hogwild workers share CPU memory; this flag is ignored
-    track: bool = False  # log to Weights & Biases as well as TensorBoard
-    wandb_project_name: str = "distrl"  # the wandb project name
-    wandb_entity: Optional[str] = None  # the wandb entity (team)
-    capture_video: bool = False  # write the first evaluation episode as runs/<run_name>/videos/eval_episode0.mp4
-    save_model: bool = False  # write the final weights (state_dict) to runs/<run_name>/model.pt
     env_id: str = "CartPole-v1"  # the envpool environment id
     total_timesteps: int = 200_000  # total environment steps over all workers (the shared counter)
-    eval_episodes: int = 10  # episodes of the final, greedy policy to evaluate at the end
     # --- algorithm ---
     t_max: int = 5  # steps per rollout segment before each update (paper: 5)
     num_envs: int = 8  # environments stepped by each worker (the paper: 1)
@@ -62,68 +60,13 @@ class Args:
     vf_coef: float = 0.5  # value loss coefficient
     max_grad_norm: float = 0.5  # per-worker gradient-norm clip before the shared update (0: off)
     use_lstm: bool = False  # an LSTM core between torso and heads (the paper's A3C LSTM)
-    torch_threads: int = 1  # torch threads per worker
     # --- distributed ---
     num_workers: int = 0  # Hogwild worker processes (0: the CPUs this process may use, at most 4; see docs)
-    # write runs/<run_name>/checkpoint.pt every this many shared updates (0: on signals only)
-    checkpoint_every: int = 0
-    resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
-    worker_timeout: float = 60.0  # seconds a worker may fall silent (stopped, hung; 5x that to start): the job ends
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
     local_rank: int = field(default=0, init=False)
     run_name: str = field(default="", init=False)
-
-
-def fail(arg: str, message: str) -> None:
-    """Bad argument: one line naming it on stderr, exit code 2 (as argparse does)."""
-    print(f"{os.path.basename(sys.argv[0])}: error: --{arg.replace('_', '-')}: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def validate(args: Args) -> None:
-    # env seeds add offsets to the seed and must stay 32-bit
-    if not 0 <= args.seed < 2**30:
-        fail("seed", f"must be in [0, 2**30), got {args.seed}")
-    positive = [
-        "total_timesteps",
-        "t_max",
-        "num_envs",
-        "eval_episodes",
-        "learning_rate",
-        "rmsprop_eps",
-        "adam_eps",
-        "torch_threads",
-    ]
-    for name in positive:
-        if getattr(args, name) <= 0:
-            fail(name, f"must be positive, got {getattr(args, name)}")
-    # a pause of the parent's own over half the timeout (the whole job suspended) restarts the silence count, and
-    # it looks at its workers every 0.2 s: a shorter timeout might never fire
-    if args.worker_timeout < 2:
-        fail("worker_timeout", f"must be at least 2 s, got {args.worker_timeout}")
-    for name in ["num_workers", "checkpoint_every", "ent_coef", "vf_coef", "max_grad_norm"]:
-        if getattr(args, name) < 0:
-            fail(name, f"must not be negative, got {getattr(args, name)}")
-    for name in ["gamma", "rmsprop_alpha"]:
-        if not 0.0 < getattr(args, name) <= 1.0:
-            fail(name, f"must be in (0, 1], got {getattr(args, name)}")
-    if "WORLD_SIZE" in os.environ:
-        fail("num_workers", "A3C runs on one node and spawns its own workers: run it without torchrun")
-    if args.env_id not in envpool.list_all_envs():
-        fail("env_id", f"'{args.env_id}' is not an envpool environment")
-    env_family = envpool.registration.registry.specs[args.env_id][0]
-    if args.capture_video and env_family not in ("envpool.atari", "envpool.classic_control"):
-        # envpool renders MuJoCo through a GPU context: without one, its render() ends the process
-        fail("capture_video", f"'{args.env_id}' is not Atari or classic control, the envs recorded here")
-    spec = envpool.make_spec(args.env_id)
-    obs_space = spec.observation_space
-    action_space = spec.action_space
-    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
-        fail("env_id", f"'{args.env_id}' has observation space {obs_space}; A3C here needs a flat or image Box")
-    if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(action_space.shape) > 1:
-        fail("env_id", f"'{args.env_id}' has action space {action_space}; A3C here needs Discrete or 1-D Box")
 
 
 # ----------------------------------------------------------------------------------------------- environment
@@ -331,8 +274,8 @@ def share_memory(flat: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
 
 
 def count(counter, steps: int):
-    """Add steps and one update to the shared [env steps, updates] under its lock (exact); return
-    the new values."""
+    """Add steps and one update to the shared [env steps, updates] (the paper's global counter T, and
+    the updates) under its lock (exact); return the new values."""
     with counter.get_lock():
         counter[0] += steps
         counter[1] += 1
@@ -352,6 +295,13 @@ def flatten_parameters(net: nn.Module) -> torch.Tensor:
         p.grad = flat.grad[offset : offset + p.numel()].view_as(p)
         offset += p.numel()
     return flat
+
+
+def make_optimizer(args: Args, flat: torch.Tensor) -> torch.optim.Optimizer:
+    """The paper's shared RMSProp or Adam with shared state, on the flat parameter vector."""
+    if args.optimizer == "rmsprop":
+        return SharedRMSprop([flat], args.learning_rate, args.rmsprop_alpha, args.rmsprop_eps)
+    return SharedAdam([flat], args.learning_rate, args.adam_eps)
 
 
 # ----------------------------------------------------------------------------------------------- roles
@@ -412,19 +362,35 @@ def rollout(index: int, agent: Agent, envs, seg: dict, live: dict, episodes: dic
         episodes["reset_step"] = done
 
 
-def worker_loop(index: int, args: Args, spec, flat, optimizer, counter, halt, go, messages, segment: int, parent: int):
+class WorkerLink:
+    """What the parent and its workers share besides the model and the optimizer state: the counter of [env steps,
+    updates] (exact under concurrency: it has a lock), `halt` (the parent tells the workers to stop), `go` (the
+    workers start stepping), the bounded queue of the workers' small tuples ("ready" | "episode" | "stats" |
+    "exit", worker, payload) and the parent's pid."""
+
+    def __init__(self, global_step: int, update: int):
+        self.counter = mp.Array("q", [global_step, update])
+        self.halt = mp.Value("b", 0, lock=False)
+        self.go = mp.Event()
+        self.messages = mp.get_context("fork").Queue(maxsize=10_000)
+        self.parent = os.getpid()
+
+
+def learning_rate(args: Args, global_step: int) -> float:
+    """Annealed linearly to zero over total_timesteps (as in the paper), or constant."""
+    if args.anneal_lr:
+        return args.learning_rate * max(0.0, 1.0 - global_step / args.total_timesteps)
+    return args.learning_rate
+
+
+def worker_loop(index: int, args: Args, spec, flat, optimizer, link: WorkerLink, segment: int):
     """One Hogwild worker: copy the shared parameters, roll out t_max steps, compute the gradient on
     the local copy, apply it to the shared parameters with the shared optimizer, without a lock.
     Says "ready" once its envs and network are built and waits for the go; sends episodes and, every
-    0.5 s, its statistics; "exit" last."""
-    # PR_SET_PDEATHSIG: die with the parent, whatever kills it
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-    # the parent died before the line above
-    if os.getppid() != parent:
-        os._exit(1)
-    # the parent turns these into a stop
-    for signal_number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
-        signal.signal(signal_number, signal.SIG_IGN)
+    0.5 s, its statistics; "exit" last. `segment`: the run segment (0, then one more per resume), which
+    seeds its envs and sampling."""
+    # die with the parent, whatever kills it; signals are the parent's to handle (it turns them into a stop)
+    tie_to_parent(link.parent)
     torch.set_num_threads(args.torch_threads)
     seed = env_seed(args, index, segment)
     envs = make_env(args.env_id, args.num_envs, seed)
@@ -444,17 +410,16 @@ def worker_loop(index: int, args: Args, spec, flat, optimizer, counter, halt, go
         "reset_step": np.zeros(args.num_envs, dtype=bool),
     }
     seg = new_segment(args, spec, live["obs"], agent)
-    messages.put(("ready", index, None))
-    go.wait()
-    started = time.time()
-    steps_done = 0
-    last_sent = 0.0
-    global_step = counter[0]
+    link.messages.put(("ready", index, None))
+    link.go.wait()
+    # its statistics for the parent, sent every 0.5 s (below the fold)
+    report = WorkerReport(link.messages, index)
+    global_step = link.counter[0]
     # each worker ends after the update that reaches total_timesteps
-    while not halt.value and global_step < args.total_timesteps:
+    while not link.halt.value and global_step < args.total_timesteps:
         # COLLECT: the paper's "synchronize thread-specific parameters theta' = theta", then t_max steps
         local_flat.copy_(flat)
-        rollout(index, agent, envs, seg, live, episodes, generator, messages)
+        rollout(index, agent, envs, seg, live, episodes, generator, link.messages)
         # LEARN: n-step returns, the gradient on the local copy, the shared optimizer's step (no lock)
         with torch.no_grad():
             bootstrap = agent(live["obs"].unsqueeze(0), live["valid"].unsqueeze(0), live["state"])[1][0]
@@ -464,42 +429,24 @@ def worker_loop(index: int, args: Args, spec, flat, optimizer, counter, halt, go
         loss.backward()
         if args.max_grad_norm:
             torch.nn.utils.clip_grad_norm_([local_flat], args.max_grad_norm)
-        global_step, _ = count(counter, args.t_max * args.num_envs)
-        lr = args.learning_rate
-        if args.anneal_lr:
-            lr = args.learning_rate * max(0.0, 1.0 - global_step / args.total_timesteps)
+        global_step, _ = count(link.counter, args.t_max * args.num_envs)
+        lr = learning_rate(args, global_step)
         optimizer.param_groups[0]["lr"] = lr
         optimizer.step()
-        # BOOKKEEPING: this worker's statistics for the parent, every 0.5 s
-        steps_done += args.t_max * args.num_envs
-        if time.time() - last_sent > 0.5:
-            last_sent = time.time()
-            policy_loss, value_loss, entropy = losses.tolist()
-            scalars = {
-                "losses/policy_loss": policy_loss,
-                "losses/value_loss": value_loss,
-                "losses/entropy": entropy,
-                "charts/learning_rate": lr,
-            }
-            messages.put(("stats", index, (scalars, steps_done / (last_sent - started))))
+        # BOOKKEEPING: this worker's statistics for the parent (its losses, learning rate and speed), every 0.5 s
+        report.update(losses, lr, args.t_max * args.num_envs)
     envs.close()
-    messages.put(("exit", index, None))
+    link.messages.put(("exit", index, None))
 
 
-class WorkerDied(RuntimeError):
-    """A worker process ended with a non-zero exit code: the run ends, naming it."""
-
-
-def start_workers(args: Args, spec, flat, optimizer, counter, halt, go, segment: int) -> tuple:
-    """Fork the workers (after the shared state, the signal handlers and the queue exist). Returns
-    them and the bounded queue of their small tuples: ("ready" | "episode" | "stats" | "exit",
-    worker, payload)."""
+def start_workers(args: Args, spec, flat, optimizer, link: WorkerLink, segment: int) -> list:
+    """Fork the workers (after the shared state, the signal handlers and the link with its queue exist).
+    Returns them."""
     context = mp.get_context("fork")
-    messages = context.Queue(maxsize=10_000)
     workers = []
     for index in range(args.num_workers):
-        shared = (flat, optimizer, counter, halt, go, messages, segment, os.getpid())
-        workers.append(context.Process(target=worker_loop, args=(index, args, spec, *shared), daemon=True))
+        worker_args = (index, args, spec, flat, optimizer, link, segment)
+        workers.append(context.Process(target=worker_loop, args=worker_args, daemon=True))
     # a failed fork or a second Ctrl-C here: the workers already started must not outlive it
     try:
         for worker in workers:
@@ -507,7 +454,7 @@ def start_workers(args: Args, spec, flat, optimizer, counter, halt, go, segment:
     except BaseException:
         stop_workers([worker for worker in workers if worker.pid is not None])
         raise
-    return workers, messages
+    return workers
 
 
 def stop_workers(workers: list) -> None:
@@ -519,93 +466,6 @@ def stop_workers(workers: list) -> None:
         worker.kill()
         worker.join()
     signal.signal(signal.SIGINT, previous_handler)
-
-
-def receive(messages, workers: list) -> list:
-    """Up to 256 messages, waiting at most 0.2 s for the first; then the workers are checked: a dead
-    one raises WorkerDied (a death is seen within a pass, whatever the queue holds)."""
-    received = []
-    try:
-        received.append(messages.get(timeout=0.2))
-        while len(received) < 256:
-            received.append(messages.get_nowait())
-    except queue.Empty:
-        pass
-    for index, worker in enumerate(workers):
-        if worker.exitcode:
-            raise WorkerDied(f"worker {index} (pid {worker.pid}) exited with code {worker.exitcode}")
-    return received
-
-
-# the times --worker-timeout a worker may take to build its envs and network before it says "ready"
-STARTUP_GRACE = 5
-
-
-def wait_until_ready(messages, workers: list, timeout: float) -> None:
-    """Until every worker has built its envs and network: "ready" is all a worker sends before the
-    go. One not ready within STARTUP_GRACE times the timeout (stopped or hung: its process lives on)
-    raises WorkerDied. As in watch_silence, a pause of the parent's own over half the timeout (the
-    whole job suspended, say) starts the count again."""
-    ready = set()
-    started = time.monotonic()
-    looked = started
-    grace = STARTUP_GRACE * timeout
-    while len(ready) < len(workers):
-        ready.update(index for _, index, _ in receive(messages, workers))
-        now = time.monotonic()
-        if now - looked > timeout / 2:
-            started = now
-        looked = now
-        if len(ready) < len(workers) and now - started > grace:
-            index = min(set(range(len(workers))) - ready)
-            why = f"not started after {grace:g} s, {STARTUP_GRACE} x --worker-timeout (stopped or hung)"
-            raise WorkerDied(f"worker {index} (pid {workers[index].pid}) {why}")
-
-
-def watch_silence(received: list, last_heard: list, exited: set, workers: list, timeout: float) -> None:
-    """Notes when each worker was last heard from (it sends its statistics every 0.5 s); one silent
-    for `timeout` seconds before its "exit" (stopped or hung: its process lives on, so its exit code
-    cannot show it) raises WorkerDied. last_heard ends with when this was last called: after a pause of
-    the parent's own over half the timeout (the whole job suspended, say), the count starts again."""
-    now = time.monotonic()
-    if now - last_heard[-1] > timeout / 2:
-        last_heard[:] = [now] * len(last_heard)
-    last_heard[-1] = now
-    for _, index, _ in received:
-        last_heard[index] = now
-    for index, worker in enumerate(workers):
-        if index not in exited and now - last_heard[index] > timeout:
-            raise WorkerDied(f"worker {index} (pid {worker.pid}) silent for {timeout:g} s (stopped or hung)")
-
-
-def running(workers: list, exited: set) -> bool:
-    """Until every worker said "exit" (no message is left unread) and ended with code 0 (a death is
-    always seen)."""
-    return len(exited) < len(workers) or any(worker.exitcode != 0 for worker in workers)
-
-
-def sort_messages(received: list, exited: set, worker_sps: dict) -> tuple:
-    """The finished episodes (return, length) of one pass and the scalars (losses, learning rate) of
-    the last statistics a worker sent; notes "exit"s and each worker's own steps per second."""
-    finished = []
-    scalars = {}
-    for kind, index, payload in received:
-        if kind == "episode":
-            finished.append(payload)
-        elif kind == "stats":
-            scalars, worker_sps[index] = payload
-        elif kind == "exit":
-            exited.add(index)
-    return finished, scalars
-
-
-def read_counter(progress: dict, counter) -> None:
-    """The shared [env steps, updates] into progress, read without the lock (which a killed worker
-    may hold), so the pair may be one update apart; a checkpoint reads it under the lock
-    (write_checkpoint)."""
-    values = counter.get_obj()
-    progress["global_step"] = values[0]
-    progress["update"] = values[1]
 
 
 def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, video_dir: Optional[str] = None):
@@ -637,6 +497,336 @@ def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, video_dir: Opt
         video.close()
     envs.close()
     return returns
+
+
+# ----------------------------------------------------------------------------------------------- main
+def main(args: Args) -> int:
+    # stop signals, flag checks, seeds and threads: all below the fold
+    run = Run(args)
+    args.num_workers = args.num_workers or default_num_workers()
+    spec = envpool.make_spec(args.env_id)
+    agent = Agent(spec.observation_space.shape, spec.action_space, args.use_lstm)
+    flat = flatten_parameters(agent)
+    optimizer = make_optimizer(args, flat)
+    # fresh progress, or a checkpoint's with --resume (weights and optimizer state loaded in place)
+    progress = run.restore(agent, optimizer)
+
+    # The model and the optimizer state in shared memory, updated in place by every worker; the link holds the
+    # counter of [env steps, updates], exact under concurrency (it has a lock), and what tells the workers to start
+    # and to stop.
+    share_memory(flat, optimizer)
+    link = WorkerLink(progress["global_step"], progress["update"])
+    workers = start_workers(args, spec, flat, optimizer, link, progress["segment"])
+    # the workers' health where the parent waits for their messages (deaths, start-up, silence): below the fold
+    watch = WorkerWatch(workers, link.messages, args.worker_timeout)
+    # whatever ends the loop (an exception too), no worker outlives it; a dead or silent worker ends the run
+    with run.workers_running(workers):
+        # the writer, then the go once every worker has built its envs and network: training time counts from there
+        run.start_training(watch, link)
+        while watch.running():
+            # COLLECT: what the workers sent (episodes, statistics, "exit"); a dead or silent worker raises WorkerDied
+            received = watch.receive()
+            # LEARN and PUBLISH: in the workers (worker_loop), which step the shared parameters (Hogwild)
+            # BOOKKEEPING: a stop signal halts the workers; clocks, counters, episodes, logs, checkpoints
+            run.end_pass(received)
+    # the last progress line, then a checkpoint after a stop signal, or the final evaluation and summary.json
+    return run.finish()
+
+
+# ==== infrastructure: flags, checks, workers' health, checkpoints, signals, logging; nothing below is A3C ====
+@dataclass
+class Infra:
+    """The flags that keep a run alive, watched, reproducible and resumable, not what it learns."""
+
+    exp_name: str = "a3c"  # the name of this experiment (part of the run name)
+    torch_deterministic: bool = True  # kept for the common block: A3C runs on CPU, whose kernels here are deterministic
+    cuda: bool = False  # kept for the common block: Hogwild workers share CPU memory; this flag is ignored
+    track: bool = False  # log to Weights & Biases as well as TensorBoard
+    wandb_project_name: str = "distrl"  # the wandb project name
+    wandb_entity: Optional[str] = None  # the wandb entity (team)
+    capture_video: bool = False  # write the first evaluation episode as runs/<run_name>/videos/eval_episode0.mp4
+    save_model: bool = False  # write the final weights (state_dict) to runs/<run_name>/model.pt
+    eval_episodes: int = 10  # episodes of the final, greedy policy to evaluate at the end
+    torch_threads: int = 1  # torch threads per worker
+    # write runs/<run_name>/checkpoint.pt every this many shared updates (0: on signals only)
+    checkpoint_every: int = 0
+    resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
+    worker_timeout: float = 60.0  # seconds a worker may fall silent (stopped, hung; 5x that to start): the job ends
+
+
+# every flag of the command line, the algorithm's first (in --help too)
+@dataclass
+class RunArgs(Infra, Args):
+    pass
+
+
+# a checkpoint of another format version ends the run with exit 2 (read_checkpoint)
+CHECKPOINT_VERSION = 1
+
+
+class Run:
+    """The infrastructure of one run, as main() uses it: set-up, restore, the workers' end, the go, clocks, the
+    bookkeeping of each pass over the workers' messages (the stop request, the shared counter, episodes,
+    TensorBoard, progress lines, checkpoints) and the end (the last progress line, a checkpoint after a stop
+    signal or the final evaluation and summary.json, closing the writer)."""
+
+    def __init__(self, args: RunArgs):
+        # first of all: a signal during start-up ends in a checkpoint (forked processes keep the handlers)
+        self.stop = install_stop_handlers()
+        # envpool's spaces warn about it
+        warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
+        validate(args)
+        args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
+        self.run_dir = os.path.join("runs", args.run_name)
+        self.checkpoint_path = os.path.join(self.run_dir, "checkpoint.pt")
+        seed_everything(args)
+        self.args = args
+        self.threshold = envpool.make_spec(args.env_id).reward_threshold
+        self.writer = None
+        self.exit_code = 0
+
+    def restore(self, agent, optimizer) -> dict:
+        """Fresh progress, or the checkpoint's with --resume (the weights and optimizer state loaded in place,
+        before share_memory). The run keeps agent and optimizer for its checkpoints and summary."""
+        self.agent = agent
+        self.optimizer = optimizer
+        self.progress = restore(self.args, agent, optimizer, "cpu", self.checkpoint_path)
+        return self.progress
+
+    @contextlib.contextmanager
+    def workers_running(self, workers: list):
+        """Around the training loop: a dead or silent worker (WorkerDied) ends the run with one line and exit code
+        1; whatever ends it, every worker is killed and reaped (they ignore the SIGTERM of exit)."""
+        try:
+            yield
+        except WorkerDied as error:
+            print(f"{os.path.basename(sys.argv[0])}: error: {error}; stopping", file=sys.stderr, flush=True)
+            self.exit_code = 1
+        finally:
+            stop_workers(workers)
+
+    def start_training(self, watch, link: WorkerLink) -> None:
+        """The writer (after the fork: it and wandb start threads), then the go once every worker is ready
+        (watch.wait_until_ready); training time counts from the go."""
+        self.link = link
+        self.writer = open_writer(self.args, self.run_dir, self.progress)
+        watch.wait_until_ready()
+        # training starts when the workers start stepping
+        self.clock = start_clock(self.progress)
+        link.go.set()
+        self.worker_sps = {}
+        self.last_print = 0.0
+        self.last_checkpoint = self.progress["update"]
+
+    def end_pass(self, received: list) -> None:
+        """One pass's bookkeeping: a stop signal halts the workers; the clocks, the shared counter, the episodes
+        and statistics the workers sent, the log and progress line, a checkpoint when due."""
+        args = self.args
+        progress = self.progress
+        if self.stop["signal"]:
+            # SIGTERM/SIGUSR1/Ctrl-C: every worker ends its segment and exits
+            self.link.halt.value = 1
+        self.clock = advance_clock(progress, self.clock)
+        read_counter(progress, self.link.counter)
+        finished, scalars = sort_messages(received, self.worker_sps)
+        record_returns(progress, [episode_return for episode_return, _ in finished], self.threshold)
+        if time.time() - self.last_print >= 2.0:
+            scalars.update(speed_scalars(progress, self.worker_sps))
+        log_update(self.writer, progress, finished, scalars)
+        self.last_print = print_progress(progress, args.total_timesteps, self.last_print)
+        if args.checkpoint_every and progress["update"] - self.last_checkpoint >= args.checkpoint_every:
+            write_checkpoint(self.checkpoint_path, progress, self.agent, self.optimizer, self.link.counter)
+            self.last_checkpoint = progress["update"]
+
+    def finish(self) -> int:
+        """Once the workers have ended (not after a dead or silent one): the final counts and progress line, then
+        a checkpoint after a stop signal, or the final evaluation and summary once the run has reached its steps;
+        then the writer and wandb. Returns the exit code."""
+        args = self.args
+        progress = self.progress
+        if self.exit_code == 0:
+            # the workers have ended: the final counts and progress line
+            self.clock = advance_clock(progress, self.clock)
+            read_counter(progress, self.link.counter)
+            print_progress(progress, args.total_timesteps, 0.0)
+        # a checkpoint; a run that had reached its steps goes on to its summary
+        if self.exit_code == 0 and self.stop["signal"]:
+            write_checkpoint(self.checkpoint_path, progress, self.agent, self.optimizer, self.link.counter)
+            print(
+                f"signal received: checkpoint of update {progress['update']} written to {self.checkpoint_path}; "
+                "rerun with --resume to continue",
+                flush=True,
+            )
+        if self.exit_code == 0 and progress["global_step"] >= args.total_timesteps:
+            write_summary(args, self.agent, self.writer, progress, self.clock, self.run_dir)
+        if self.writer is not None:
+            self.writer.close()
+            if args.track:
+                import wandb
+
+                wandb.finish()
+        return self.exit_code
+
+
+# ----------------------------------------------------------------------------------------------- workers' health
+class WorkerDied(RuntimeError):
+    """A worker process ended with a non-zero exit code: the run ends, naming it."""
+
+
+# prctl's request to die with the parent process
+PR_SET_PDEATHSIG = 1
+
+
+def tie_to_parent(parent: int) -> None:
+    """A worker process dies with its parent, whatever kills the parent (PR_SET_PDEATHSIG), and exits at once if
+    the parent died before it asked; the stop signals are the parent's to handle (it turns them into a stop)."""
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    # the parent died before the line above
+    if os.getppid() != parent:
+        os._exit(1)
+    for signal_number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(signal_number, signal.SIG_IGN)
+
+
+def receive(messages, workers: list) -> list:
+    """Up to 256 messages, waiting at most 0.2 s for the first; then the workers are checked: a dead
+    one raises WorkerDied (a death is seen within a pass, whatever the queue holds)."""
+    received = []
+    try:
+        received.append(messages.get(timeout=0.2))
+        while len(received) < 256:
+            received.append(messages.get_nowait())
+    except queue.Empty:
+        pass
+    for index, worker in enumerate(workers):
+        if worker.exitcode:
+            raise WorkerDied(f"worker {index} (pid {worker.pid}) exited with code {worker.exitcode}")
+    return received
+
+
+# the times --worker-timeout a worker may take to build its envs and network before it says "ready"
+STARTUP_GRACE = 5
+
+
+def wait_until_ready(messages, workers: list, timeout: float) -> None:
+    """Until every worker has built its envs and network: "ready" is all a worker sends before the
+    go. One not ready within STARTUP_GRACE times the timeout (stopped or hung: its process lives on)
+    raises WorkerDied. As in WorkerWatch.watch_silence, a pause of the parent's own over half the timeout (the
+    whole job suspended, say) starts the count again."""
+    ready = set()
+    started = time.monotonic()
+    looked = started
+    grace = STARTUP_GRACE * timeout
+    while len(ready) < len(workers):
+        ready.update(index for _, index, _ in receive(messages, workers))
+        now = time.monotonic()
+        if now - looked > timeout / 2:
+            started = now
+        looked = now
+        if len(ready) < len(workers) and now - started > grace:
+            index = min(set(range(len(workers))) - ready)
+            why = f"not started after {grace:g} s, {STARTUP_GRACE} x --worker-timeout (stopped or hung)"
+            raise WorkerDied(f"worker {index} (pid {workers[index].pid}) {why}")
+
+
+class WorkerWatch:
+    """The parent's look at its workers where it waits for their messages: one that exited with a non-zero code,
+    one not ready within the start-up grace, or one silent for the timeout before its "exit" (stopped or hung: its
+    process lives on, so its exit code cannot show it) raises WorkerDied."""
+
+    def __init__(self, workers: list, messages, timeout: float):
+        self.workers = workers
+        self.messages = messages
+        self.timeout = timeout
+        # the workers that said "exit"
+        self.exited = set()
+        self.last_heard = []
+
+    def wait_until_ready(self) -> None:
+        """Until every worker has built its envs and network (wait_until_ready); silence counts from then."""
+        wait_until_ready(self.messages, self.workers, self.timeout)
+        # one entry per worker, and one more: when the parent last looked
+        self.last_heard = [time.monotonic()] * (len(self.workers) + 1)
+
+    def receive(self) -> list:
+        """The next messages (receive), with a look at the workers: a dead or silent one raises WorkerDied. Notes
+        the workers that said "exit"."""
+        received = receive(self.messages, self.workers)
+        self.watch_silence(received)
+        self.exited.update(index for kind, index, _ in received if kind == "exit")
+        return received
+
+    def watch_silence(self, received: list) -> None:
+        """Notes when each worker was last heard from (it sends its statistics every 0.5 s); one silent
+        for the timeout before its "exit" (stopped or hung: its process lives on, so its exit code
+        cannot show it) raises WorkerDied. last_heard ends with when this was last called: after a pause of
+        the parent's own over half the timeout (the whole job suspended, say), the count starts again."""
+        last_heard = self.last_heard
+        now = time.monotonic()
+        if now - last_heard[-1] > self.timeout / 2:
+            last_heard[:] = [now] * len(last_heard)
+        last_heard[-1] = now
+        for _, index, _ in received:
+            last_heard[index] = now
+        for index, worker in enumerate(self.workers):
+            if index not in self.exited and now - last_heard[index] > self.timeout:
+                raise WorkerDied(f"worker {index} (pid {worker.pid}) silent for {self.timeout:g} s (stopped or hung)")
+
+    def running(self) -> bool:
+        """Until every worker said "exit" (no message is left unread) and ended with code 0 (a death is
+        always seen)."""
+        return len(self.exited) < len(self.workers) or any(worker.exitcode != 0 for worker in self.workers)
+
+
+# ----------------------------------------------------------------------------------------------- checks
+def fail(arg: str, message: str) -> None:
+    """Bad argument: one line naming it on stderr, exit code 2 (as argparse does)."""
+    print(f"{os.path.basename(sys.argv[0])}: error: --{arg.replace('_', '-')}: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def validate(args: RunArgs) -> None:
+    # env seeds add offsets to the seed and must stay 32-bit
+    if not 0 <= args.seed < 2**30:
+        fail("seed", f"must be in [0, 2**30), got {args.seed}")
+    positive = [
+        "total_timesteps",
+        "t_max",
+        "num_envs",
+        "eval_episodes",
+        "learning_rate",
+        "rmsprop_eps",
+        "adam_eps",
+        "torch_threads",
+    ]
+    for name in positive:
+        if getattr(args, name) <= 0:
+            fail(name, f"must be positive, got {getattr(args, name)}")
+    # a pause of the parent's own over half the timeout (the whole job suspended) restarts the silence count, and
+    # it looks at its workers every 0.2 s: a shorter timeout might never fire
+    if args.worker_timeout < 2:
+        fail("worker_timeout", f"must be at least 2 s, got {args.worker_timeout}")
+    for name in ["num_workers", "checkpoint_every", "ent_coef", "vf_coef", "max_grad_norm"]:
+        if getattr(args, name) < 0:
+            fail(name, f"must not be negative, got {getattr(args, name)}")
+    for name in ["gamma", "rmsprop_alpha"]:
+        if not 0.0 < getattr(args, name) <= 1.0:
+            fail(name, f"must be in (0, 1], got {getattr(args, name)}")
+    if "WORLD_SIZE" in os.environ:
+        fail("num_workers", "A3C runs on one node and spawns its own workers: run it without torchrun")
+    if args.env_id not in envpool.list_all_envs():
+        fail("env_id", f"'{args.env_id}' is not an envpool environment")
+    env_family = envpool.registration.registry.specs[args.env_id][0]
+    if args.capture_video and env_family not in ("envpool.atari", "envpool.classic_control"):
+        # envpool renders MuJoCo through a GPU context: without one, its render() ends the process
+        fail("capture_video", f"'{args.env_id}' is not Atari or classic control, the envs recorded here")
+    spec = envpool.make_spec(args.env_id)
+    obs_space = spec.observation_space
+    action_space = spec.action_space
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
+        fail("env_id", f"'{args.env_id}' has observation space {obs_space}; A3C here needs a flat or image Box")
+    if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(action_space.shape) > 1:
+        fail("env_id", f"'{args.env_id}' has action space {action_space}; A3C here needs Discrete or 1-D Box")
 
 
 # ----------------------------------------------------------------------------------------------- bookkeeping
@@ -705,6 +895,28 @@ def log_update(writer, progress: dict, finished: list, scalars: dict) -> None:
         writer.add_scalar(key, value, step)
 
 
+def sort_messages(received: list, worker_sps: dict) -> tuple:
+    """The finished episodes (return, length) of one pass and the scalars (losses, learning rate) of
+    the last statistics a worker sent; notes each worker's own steps per second ("exit"s: WorkerWatch)."""
+    finished = []
+    scalars = {}
+    for kind, index, payload in received:
+        if kind == "episode":
+            finished.append(payload)
+        elif kind == "stats":
+            scalars, worker_sps[index] = payload
+    return finished, scalars
+
+
+def read_counter(progress: dict, counter) -> None:
+    """The shared [env steps, updates] into progress, read without the lock (which a killed worker
+    may hold), so the pair may be one update apart; a checkpoint reads it under the lock
+    (write_checkpoint)."""
+    values = counter.get_obj()
+    progress["global_step"] = values[0]
+    progress["update"] = values[1]
+
+
 def speed_scalars(progress: dict, worker_sps: dict) -> dict:
     """Environment steps per second over all workers (whole run) and each worker's own (its steps,
     its time)."""
@@ -714,7 +926,7 @@ def speed_scalars(progress: dict, worker_sps: dict) -> dict:
 
 def print_progress(progress: dict, total_timesteps: int, last_print: float) -> float:
     """A progress line at most every 2 s; returns when one was last printed. The workers run to total_timesteps (no
-    fixed number of updates), so the line counts steps; main prints the last line once the workers have ended."""
+    fixed number of updates), so the line counts steps; run.finish prints the last line once the workers have ended."""
     now = time.time()
     if now - last_print < 2.0:
         return last_print
@@ -729,9 +941,38 @@ def print_progress(progress: dict, total_timesteps: int, last_print: float) -> f
     return now
 
 
+class WorkerReport:
+    """A worker's statistics for the parent (its last losses and learning rate, its own steps per second), sent
+    every 0.5 s: also its sign of life (WorkerWatch)."""
+
+    def __init__(self, messages, index: int):
+        self.messages = messages
+        self.index = index
+        self.started = time.time()
+        self.steps_done = 0
+        self.last_sent = 0.0
+
+    def update(self, losses: torch.Tensor, lr: float, steps: int) -> None:
+        """One update of `steps` env steps: its statistics go to the parent when 0.5 s have passed."""
+        self.steps_done += steps
+        if time.time() - self.last_sent > 0.5:
+            self.last_sent = time.time()
+            policy_loss, value_loss, entropy = losses.tolist()
+            scalars = {
+                "losses/policy_loss": policy_loss,
+                "losses/value_loss": value_loss,
+                "losses/entropy": entropy,
+                "charts/learning_rate": lr,
+            }
+            speed = self.steps_done / (self.last_sent - self.started)
+            self.messages.put(("stats", self.index, (scalars, speed)))
+
+
+# ----------------------------------------------------------------------------------------------- checkpoints
 def save_checkpoint(path: str, payload: dict) -> None:
     """Atomic: write a temporary file beside the target, then rename it over the target."""
-    payload = {**payload, "algo": "a3c", "recent_returns": list(payload["recent_returns"])}
+    payload = {**payload, "algo": "a3c", "version": CHECKPOINT_VERSION}
+    payload["recent_returns"] = list(payload["recent_returns"])
     temporary = f"{path}.tmp{os.getpid()}"
     torch.save(payload, temporary)
     os.replace(temporary, path)
@@ -752,8 +993,8 @@ def as_typed(flag: str, value) -> str:
 
 def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     """The dict that save_checkpoint wrote, or exit 2 with one line saying what is wrong with the file,
-    which is left as it is: unreadable (truncated, empty, random bytes), of the old format, written by
-    another file, without this file's counters, or of a run with other flags (run_config)."""
+    which is left as it is: unreadable (truncated, empty, random bytes), written by another file, of
+    another format version, without this file's counters, or of a run with other flags (run_config)."""
     # a damaged file raises one of many types (from zipfile, pickle or torch), all of them meaning the same here
     try:
         checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
@@ -761,26 +1002,29 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
         fail("resume", f"{checkpoint_path} is not a readable checkpoint ({type(error).__name__}); move it away")
     if not isinstance(checkpoint, dict):
         fail("resume", f"{checkpoint_path} holds a {type(checkpoint).__name__}, not a checkpoint; move it away")
-    if "update" not in checkpoint:
-        fail("resume", f"{checkpoint_path} has no 'update': written before the progress format; use another --exp-name")
-    # checkpoints written before this tag are taken as this file's
-    written_by = checkpoint.pop("algo", "a3c")
-    if written_by != "a3c":
+    written_by = checkpoint.pop("algo", None)
+    if written_by not in (None, "a3c"):
         fail("resume", f"{checkpoint_path} was written by {written_by}.py, not a3c.py; use another --exp-name")
-    # checkpoints written before configurations were recorded, and flags added since, are taken as this run's
-    recorded = checkpoint.setdefault("config", progress["config"])
-    changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag, value) != value}
-    if changed:
-        was = ", ".join(
-            f"{as_typed(flag, recorded[flag])} (now {as_typed(flag, value)})" for flag, value in changed.items()
+    version = checkpoint.pop("version", "unversioned")
+    if version != CHECKPOINT_VERSION:
+        fail(
+            "resume",
+            f"{checkpoint_path} is of checkpoint format {version}, this file reads format {CHECKPOINT_VERSION}; "
+            "use another --exp-name",
         )
-        fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
     missing = sorted(set(progress) - set(checkpoint))
     if missing:
         fail(
             "resume",
             f"{checkpoint_path} lacks {', '.join(missing)}: not a checkpoint of a3c.py; use another --exp-name",
         )
+    recorded = checkpoint["config"]
+    changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag) != value}
+    if changed:
+        was = ", ".join(
+            f"{as_typed(flag, recorded.get(flag))} (now {as_typed(flag, value)})" for flag, value in changed.items()
+        )
+        fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
     return checkpoint
 
 
@@ -799,31 +1043,16 @@ def write_checkpoint(path: str, progress: dict, agent: Agent, optimizer, counter
     save_checkpoint(path, {**progress, "model": agent.state_dict(), "optimizer": optimizer.state_dict()})
 
 
-def run_config(args: Args) -> dict:
-    """The flags that define the run, which a resumed run must share with its checkpoint: all but those
-    that say how long it goes, how its work is spread over processes and threads, how long it waits
-    for them, and what it logs or saves. Values derived from the flags (init=False) follow from them."""
-    may_change = {
-        "exp_name",
-        "torch_deterministic",
-        "cuda",
-        "track",
-        "wandb_project_name",
-        "wandb_entity",
-        "capture_video",
-        "save_model",
-        "total_timesteps",
-        "eval_episodes",
-        "torch_threads",
-        "num_workers",
-        "checkpoint_every",
-        "resume",
-        "worker_timeout",
-    }
-    return {flag.name: getattr(args, flag.name) for flag in fields(args) if flag.init and flag.name not in may_change}
+def run_config(args: RunArgs) -> dict:
+    """The flags that define the run, which a resumed run must share with its checkpoint: the algorithm's
+    (`Args`) but the budget, which may grow, and the number of workers, which a requeued job may change with
+    the machine; none of `Infra`'s (how the run is kept alive, watched or saved). Values derived from the flags
+    (init=False) follow from them."""
+    may_change = {"total_timesteps", "num_workers"}
+    return {flag.name: getattr(args, flag.name) for flag in fields(Args) if flag.init and flag.name not in may_change}
 
 
-def restore(args, model, optimizer, device, checkpoint_path: str) -> dict:
+def restore(args: RunArgs, model, optimizer, device, checkpoint_path: str) -> dict:
     """A fresh progress dict, or with --resume and a checkpoint, the checkpoint's, with the model and the optimizer
     loaded in place (before share_memory); a resumed run is the next run segment."""
     progress = new_progress(run_config(args))
@@ -842,6 +1071,7 @@ def restore(args, model, optimizer, device, checkpoint_path: str) -> dict:
     return progress
 
 
+# ----------------------------------------------------------------------------------------------- signals and output
 def install_stop_handlers() -> dict:
     """SIGTERM and SIGUSR1 (SLURM preemption) ask for a checkpoint once the workers end their segment;
     so does Ctrl-C's SIGINT here, which reaches the workers too (they ignore it: the parent turns it
@@ -858,7 +1088,7 @@ def install_stop_handlers() -> dict:
     return stop
 
 
-def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
+def open_writer(args: RunArgs, run_dir: str, progress: dict) -> SummaryWriter:
     """TensorBoard (and wandb with --track), after the fork: both start threads. After a resume,
     points past the checkpoint's step are dropped."""
     if args.track:
@@ -879,7 +1109,7 @@ def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
     return writer
 
 
-def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float, run_dir: str) -> None:
+def write_summary(args: RunArgs, agent: Agent, writer, progress: dict, clock: float, run_dir: str) -> None:
     """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with --save-model, the weights."""
     video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
     eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 10**6, video_dir)
@@ -921,6 +1151,7 @@ def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float
     )
 
 
+# ----------------------------------------------------------------------------------------------- processes
 def default_num_workers() -> int:
     """The CPUs this process may use (its affinity mask, which taskset, SLURM and containers set),
     at most 4: with 8 or 16 Hogwild workers the default learning rate made CartPole runs collapse on
@@ -928,95 +1159,12 @@ def default_num_workers() -> int:
     return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
-def main(args: Args) -> int:
-    # first of all: a signal during start-up ends in a checkpoint (forked processes keep the handlers)
-    stop = install_stop_handlers()
-    # envpool's spaces warn about it
-    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
-    validate(args)
-    args.num_workers = args.num_workers or default_num_workers()
-    args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
-    run_dir = os.path.join("runs", args.run_name)
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+def seed_everything(args: RunArgs) -> None:
+    """The parent's threads and seed (its network's initial weights); each worker sets its own threads and seeds
+    its envs and sampling (worker_loop)."""
     torch.set_num_threads(args.torch_threads)
     torch.manual_seed(args.seed)
-    spec = envpool.make_spec(args.env_id)
-    threshold = spec.reward_threshold
-    agent = Agent(spec.observation_space.shape, spec.action_space, args.use_lstm)
-    flat = flatten_parameters(agent)
-    if args.optimizer == "rmsprop":
-        optimizer = SharedRMSprop([flat], args.learning_rate, args.rmsprop_alpha, args.rmsprop_eps)
-    else:
-        optimizer = SharedAdam([flat], args.learning_rate, args.adam_eps)
-    progress = restore(args, agent, optimizer, "cpu", checkpoint_path)
-    # The model and the optimizer state in shared memory, updated in place by every worker; the counter of
-    # [env steps, updates] is exact under concurrency (it has a lock); `halt` tells the workers to stop.
-    share_memory(flat, optimizer)
-    counter = mp.Array("q", [progress["global_step"], progress["update"]])
-    halt = mp.Value("b", 0, lock=False)
-    go = mp.Event()
-    workers, messages = start_workers(args, spec, flat, optimizer, counter, halt, go, progress["segment"])
-    exit_code = 0
-    # whatever ends this (an exception too), no worker outlives it: they ignore the SIGTERM of exit
-    try:
-        writer = open_writer(args, run_dir, progress)
-        wait_until_ready(messages, workers, args.worker_timeout)
-        # training starts when the workers start stepping
-        clock = start_clock(progress)
-        go.set()
-        exited = set()
-        # one entry per worker, and one more: when the parent last looked
-        last_heard = [time.monotonic()] * (args.num_workers + 1)
-        worker_sps = {}
-        last_print = 0.0
-        last_checkpoint = progress["update"]
-        while running(workers, exited):
-            # COLLECT: what the workers sent (episodes, statistics, "exit"); a dead or silent worker raises WorkerDied
-            received = receive(messages, workers)
-            watch_silence(received, last_heard, exited, workers, args.worker_timeout)
-            # LEARN and PUBLISH: in the workers (worker_loop), which step the shared parameters (Hogwild)
-            if stop["signal"]:
-                # SIGTERM/SIGUSR1/Ctrl-C: every worker ends its segment and exits
-                halt.value = 1
-            # BOOKKEEPING: clocks, counters, episodes, logs, checkpoints
-            clock = advance_clock(progress, clock)
-            read_counter(progress, counter)
-            finished, scalars = sort_messages(received, exited, worker_sps)
-            record_returns(progress, [episode_return for episode_return, _ in finished], threshold)
-            if time.time() - last_print >= 2.0:
-                scalars.update(speed_scalars(progress, worker_sps))
-            log_update(writer, progress, finished, scalars)
-            last_print = print_progress(progress, args.total_timesteps, last_print)
-            if args.checkpoint_every and progress["update"] - last_checkpoint >= args.checkpoint_every:
-                write_checkpoint(checkpoint_path, progress, agent, optimizer, counter)
-                last_checkpoint = progress["update"]
-    except WorkerDied as e:
-        print(f"{os.path.basename(sys.argv[0])}: error: {e}; stopping", file=sys.stderr, flush=True)
-        exit_code = 1
-    finally:
-        stop_workers(workers)
-    if exit_code == 0:
-        # the workers have ended: the final counts and progress line
-        clock = advance_clock(progress, clock)
-        read_counter(progress, counter)
-        print_progress(progress, args.total_timesteps, 0.0)
-    # a checkpoint; a run that had reached its steps goes on to its summary
-    if exit_code == 0 and stop["signal"]:
-        write_checkpoint(checkpoint_path, progress, agent, optimizer, counter)
-        print(
-            f"signal received: checkpoint of update {progress['update']} written to {checkpoint_path}; "
-            "rerun with --resume to continue",
-            flush=True,
-        )
-    if exit_code == 0 and progress["global_step"] >= args.total_timesteps:
-        write_summary(args, agent, writer, progress, clock, run_dir)
-    writer.close()
-    if args.track:
-        import wandb
-
-        wandb.finish()
-    return exit_code
 
 
 if __name__ == "__main__":
-    sys.exit(main(tyro.cli(Args)))
+    sys.exit(main(tyro.cli(RunArgs)))

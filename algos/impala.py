@@ -9,8 +9,13 @@ learner with its own actors; learners all-reduce gradients.
 
   python algos/impala.py                                            # 1 learner + one actor per core, CartPole-v1
   torchrun --standalone --nproc_per_node=2 algos/impala.py          # 2 learners, each with its own actors
+
+The file reads top to bottom down to main(); below the "infrastructure" line are the flags, checks, the
+determinism schedule, the actors' health checks, checkpoints, signals, torchrun plumbing and logging that
+keep a run alive, none of it IMPALA.
 """
 
+import contextlib
 import ctypes
 import hashlib
 import importlib
@@ -28,11 +33,11 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
 from typing import Literal, Optional
 
-# a rank under torchrun asks the kernel to kill it with its agent, whatever kills the agent (PR_SET_PDEATHSIG):
-# before the slow imports below, so that an agent killed while they run takes its ranks with it; ranks that no
-# longer use the agent's store would otherwise train on without it
+# under torchrun, die with the agent (prctl's PR_SET_PDEATHSIG), asked before the slow imports: see
+# "the torchrun death request" below the fold
+PR_SET_PDEATHSIG = 1
 if "TORCHELASTIC_RUN_ID" in os.environ:
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 import envpool
 import gymnasium as gym
@@ -48,19 +53,13 @@ from torch.utils.tensorboard import SummaryWriter
 
 @dataclass
 class Args:
-    # --- common to every distrl file ---
-    exp_name: str = "impala"  # the name of this experiment (part of the run name)
+    """The algorithm's and the environment's flags; the infrastructure's (checkpoints, determinism, timeouts,
+    logging) are in `Infra`, below the fold, and the command line takes both."""
+
+    # --- experiment and environment ---
     seed: int = 1  # seed of the experiment
-    torch_deterministic: bool = True  # deterministic CUDA kernels (the CPU kernels used here are anyway)
-    cuda: bool = True  # run the learner on CUDA when it is available (actors always run on the CPU)
-    track: bool = False  # log to Weights & Biases as well as TensorBoard
-    wandb_project_name: str = "distrl"  # the wandb project name
-    wandb_entity: Optional[str] = None  # the wandb entity (team)
-    capture_video: bool = False  # write the first evaluation episode as runs/<run_name>/videos/eval_episode0.mp4
-    save_model: bool = False  # write the final weights (state_dict) to runs/<run_name>/model.pt
     env_id: str = "CartPole-v1"  # the envpool environment id
     total_timesteps: int = 800_000  # total environment steps consumed by the learners, over all ranks
-    eval_episodes: int = 10  # episodes of the final, greedy policy to evaluate at the end
     # --- algorithm ---
     # torso: 64-64 tanh MLP, Nature-CNN, or the paper's deep ResNet (auto: MLP for vectors, Nature-CNN for images)
     network: Literal["auto", "mlp", "nature", "resnet"] = "auto"
@@ -86,23 +85,11 @@ class Args:
     docs/impala.md, Defaults)"""
     clip_reward: float = 10.0  # scaled rewards are clipped to [-clip_reward, clip_reward]
     max_grad_norm: float = 0.5  # global grad-norm clip after the all-reduce (paper: 40 for summed losses; see docs)
-    torch_threads: int = 0  # learner's torch threads (0: 1; actors always use 1)
-    env_threads: int = 0  # envpool threads per actor (0: 1)
     # --- distributed ---
     num_actors: int = 0
     """actor processes per learner (0: one per CPU this rank may use; with --deterministic, the
     largest count up to that which divides the unrolls of a batch)"""
     num_buffers: int = 0  # unroll buffers (0: max(2 x unrolls per batch, unrolls per batch + 2 x actors))
-    deterministic: bool = False
-    """actors act with the parameters of exactly one update ago and unrolls are consumed in a fixed
-    order: bitwise reproducible on CPU, at the price of actors waiting for the learner"""
-    restart_every: int = 0
-    """with --deterministic: every this many updates the actors start afresh (a restart point), so that
-    a checkpoint written there resumes bitwise as the uninterrupted run (0: only at the start)"""
-    checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many updates (0: on signals only)
-    resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
-    collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
-    actor_timeout: float = 60.0  # seconds a local actor may fall silent (stopped, hung; 5x that to start): the job ends
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
@@ -110,67 +97,6 @@ class Args:
     unrolls_per_batch: int = field(default=0, init=False)
     num_updates: int = field(default=0, init=False)
     run_name: str = field(default="", init=False)
-
-
-def fail(arg: str, message: str) -> None:
-    """Bad argument: one line naming it on stderr, exit code 2 (as argparse does)."""
-    print(f"{os.path.basename(sys.argv[0])}: error: --{arg.replace('_', '-')}: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def validate(args: Args) -> None:
-    # env seeds add offsets to the seed and must stay 32-bit
-    if not 0 <= args.seed < 2**30:
-        fail("seed", f"must be in [0, 2**30), got {args.seed}")
-    positive = ["total_timesteps", "num_envs", "unroll_length", "batch_size", "eval_episodes", "learning_rate"]
-    positive += ["rho_bar", "c_bar", "rmsprop_eps", "adam_eps", "clip_reward", "collective_timeout"]
-    # max_grad_norm 0 would clip every gradient to zero: refused, not taken as "off"
-    positive += ["max_grad_norm"]
-    for name in positive:
-        if getattr(args, name) <= 0:
-            fail(name, f"must be positive, got {getattr(args, name)}")
-    # a pause of the learner's own over half the timeout (the whole job suspended) restarts the silence count, and
-    # it looks at its actors between updates (every 0.5 s while it waits): a shorter timeout might never fire
-    if args.actor_timeout < 2:
-        fail("actor_timeout", f"must be at least 2 s, got {args.actor_timeout}")
-    not_negative = ["torch_threads", "env_threads", "num_actors", "num_buffers", "checkpoint_every", "ent_coef"]
-    not_negative += ["vf_coef", "restart_every"]
-    for name in not_negative:
-        if getattr(args, name) < 0:
-            fail(name, f"must not be negative, got {getattr(args, name)}")
-    if args.restart_every and not args.deterministic:
-        fail("restart_every", "needs --deterministic (its restart points make resumes bitwise)")
-    for name in ["gamma", "vtrace_lambda", "rmsprop_alpha"]:
-        if not 0.0 < getattr(args, name) <= 1.0:
-            fail(name, f"must be in (0, 1], got {getattr(args, name)}")
-    if args.batch_size % args.num_envs:
-        fail("batch_size", f"{args.batch_size} is not a multiple of --num-envs {args.num_envs}")
-    unrolls = args.batch_size // args.num_envs
-    actors = default_num_actors(args)
-    if args.deterministic and unrolls % actors:
-        fail(
-            "num_actors", f"{actors} actors do not divide the {unrolls} unrolls of a batch (needed by --deterministic)"
-        )
-    if args.num_buffers and args.num_buffers < (2 * unrolls if args.deterministic else unrolls):
-        needs = " (--deterministic needs two batches)" if args.deterministic else ""
-        fail("num_buffers", f"{args.num_buffers} is too few for {unrolls} unrolls per batch{needs}")
-    if args.env_id not in envpool.list_all_envs():
-        fail("env_id", f"'{args.env_id}' is not an envpool environment")
-    env_family = envpool.registration.registry.specs[args.env_id][0]
-    if args.capture_video and env_family not in ("envpool.atari", "envpool.classic_control"):
-        # envpool renders MuJoCo through a GPU context: without one, its render() ends the process
-        fail("capture_video", f"'{args.env_id}' is not Atari or classic control, the envs recorded here")
-    spec = envpool.make_spec(args.env_id)
-    obs_space = spec.observation_space
-    act_space = spec.action_space
-    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
-        fail("env_id", f"'{args.env_id}' has observation space {obs_space}; IMPALA here needs a flat or image Box")
-    if not isinstance(act_space, gym.spaces.Discrete):
-        fail("env_id", f"'{args.env_id}' has action space {act_space}; IMPALA here needs Discrete actions")
-    if args.network in ("nature", "resnet") and len(obs_space.shape) != 3:
-        fail("network", f"'{args.network}' needs image observations; '{args.env_id}' has {obs_space.shape}")
-    if args.network == "mlp" and len(obs_space.shape) != 1:
-        fail("network", f"'mlp' needs flat observations; '{args.env_id}' has {obs_space.shape}")
 
 
 # ----------------------------------------------------------------------------------------------- environment
@@ -204,13 +130,6 @@ def env_seed(args: Args, actor: int, update: int) -> int:
     """Seed of env 0 of `actor` on this rank when actors start at `update`: distinct for every env,
     actor, rank and restart point."""
     return args.seed + ((update * args.world_size + args.rank) * args.num_actors + actor) * args.num_envs
-
-
-def restart_point(args: Args, update: int) -> bool:
-    """Deterministic mode: every --restart-every-th update, the actors start afresh (new envs seeded
-    for it, sampling reseeded, the parameters of that very update) in every run alike, so that a run
-    resumed from a checkpoint there goes on bitwise as the uninterrupted one."""
-    return args.deterministic and args.restart_every > 0 and update % args.restart_every == 0
 
 
 # ----------------------------------------------------------------------------------------------- networks
@@ -544,6 +463,527 @@ def load_flat(agent: nn.Module, flat: torch.Tensor) -> None:
     torch.nn.utils.vector_to_parameters(flat, agent.parameters())
 
 
+def actor_loop(
+    actor: int,
+    args: Args,
+    buffers: dict,
+    store: ParameterStore,
+    free_q,
+    full_q,
+    schedule: "Schedule",
+    heartbeats: "Heartbeats",
+):
+    """One actor: step an envpool batch with a local copy of the policy; fill a free buffer with an
+    unroll, pass its index to the learner through the full queue, repeat. It acts with the latest
+    parameters before every unroll (with --deterministic, those of exactly one update ago: the schedule,
+    below the fold)."""
+    # die with the learner, whatever kills it; signals are the learner's to handle
+    tie_to_learner()
+    torch.set_num_threads(1)
+    num_envs = args.num_envs
+    spec = envpool.make_spec(args.env_id)
+    agent = Agent(spec.observation_space.shape, spec.action_space.n, args.network, args.use_lstm)
+    flat = flat_params(agent)
+    loaded = -1
+    sequence = 0
+    envs = None
+    while True:
+        # A start, or a restart point: envs, sampling and episodes begin afresh. (Restart points: with
+        # --deterministic, every --restart-every updates, so that a checkpoint there resumes bitwise.)
+        if schedule.starts_afresh(sequence):
+            if envs is not None:
+                envs.close()
+            seed = env_seed(args, actor, schedule.segment_start)
+            envs = make_env(args.env_id, num_envs, seed, args.env_threads or 1)
+            generator = torch.Generator().manual_seed(seed)
+            obs = torch.as_tensor(envs.reset()[0])
+            valid = torch.ones(num_envs)
+            state = agent.initial_state(num_envs)
+            episode_return = np.zeros(num_envs)
+            episode_length = np.zeros(num_envs)
+            previous_done = np.zeros(num_envs, dtype=bool)
+            # discounted return along each env, R_t = gamma R_{t-1} + r_t, reset after an episode end
+            discounted_return = np.zeros(num_envs)
+        # The parameters to act with. --deterministic: the version of exactly one update ago (the schedule's,
+        # waited for if need be), then a free buffer. Default (`wanted` None): a free buffer, then the latest
+        # parameters, so that an actor held up by backpressure does not start its unroll with parameters from
+        # before the wait (the paper fetches the latest before each trajectory).
+        wanted = schedule.version(sequence)
+        if wanted is not None and wanted != loaded:
+            loaded = store.read(flat, wanted, while_waiting=lambda: heartbeats.beat(actor))
+            load_flat(agent, flat)
+        k = get_beating(free_q, heartbeats, actor)
+        if wanted is None and int(store.version[0]) != loaded:
+            loaded = store.read(flat)
+            load_flat(agent, flat)
+        buffers["state"][k] = state
+        for t in range(args.unroll_length):
+            heartbeats.beat(actor)
+            buffers["obs"][k, t] = obs
+            with torch.no_grad():
+                logits, _, state = agent(obs.unsqueeze(0), valid.unsqueeze(0), state)
+            logits = logits[0]
+            action = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(-1)
+            buffers["logits"][k, t] = logits
+            buffers["actions"][k, t] = action
+            buffers["valid"][k, t] = valid
+            next_obs, reward, terminated, truncated, info = envs.step(action.numpy())
+            done = terminated | truncated
+            # Episode statistics (Atari: raw rewards and real game over); the reset step after an end adds nothing.
+            episode_return += info.get("reward", reward) * ~previous_done
+            episode_length += ~previous_done
+            ended = (info["terminated"].astype(bool) | truncated) if "terminated" in info else done
+            buffers["ep_return"][k, t] = torch.as_tensor(np.where(ended, episode_return, np.nan))
+            buffers["ep_length"][k, t] = torch.as_tensor(episode_length)
+            episode_return[ended] = 0.0
+            episode_length[ended] = 0
+            previous_done = done
+            buffers["rewards"][k, t] = torch.as_tensor(reward)
+            discounted_return = discounted_return * args.gamma + reward
+            buffers["returns"][k, t] = torch.as_tensor(discounted_return)
+            discounted_return[done] = 0.0
+            buffers["terms"][k, t] = torch.as_tensor(terminated)
+            buffers["dones"][k, t] = torch.as_tensor(done)
+            obs = torch.as_tensor(next_obs)
+            valid = torch.as_tensor(~done, dtype=torch.float32)
+        # x_T bootstraps this unroll and is also x_0 of this actor's next one
+        buffers["obs"][k, args.unroll_length] = obs
+        buffers["meta"][k] = torch.tensor([loaded, actor, sequence])
+        full_q.put(k)
+        sequence += 1
+
+
+def start_actors(
+    args: Args, buffers: dict, store: ParameterStore, num_buffers: int, schedule: "Schedule", heartbeats: "Heartbeats"
+):
+    """Fork the actor processes (before the learner computes anything) around bounded free/full
+    index queues, every buffer free. Returns (actors, free_q, full_q)."""
+    context = mp.get_context("fork")
+    free_q = context.Queue(maxsize=num_buffers)
+    full_q = context.Queue(maxsize=num_buffers)
+    for k in range(num_buffers):
+        free_q.put(k)
+    actors = []
+    for actor in range(args.num_actors):
+        actor_args = (actor, args, buffers, store, free_q, full_q, schedule, heartbeats)
+        actors.append(context.Process(target=actor_loop, args=actor_args, daemon=True))
+    # a failed fork or a second Ctrl-C here: the actors already started must not outlive it
+    try:
+        for process in actors:
+            process.start()
+    except BaseException:
+        stop_actors([process for process in actors if process.pid is not None])
+        raise
+    return actors, free_q, full_q
+
+
+def stop_actors(actors: list) -> None:
+    """Kill and reap every actor, with Ctrl-C ignored meanwhile: raised here, it would leave an actor running, and
+    the interpreter's exit would wait for it for ever (actors ignore the SIGTERM that exit sends them)."""
+    previous_handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for process in actors:
+        process.kill()
+    for process in actors:
+        process.join()
+    signal.signal(signal.SIGINT, previous_handler)
+
+
+def next_batch(
+    args: Args, buffers: dict, full_q, actors: list, heartbeats: "Heartbeats", schedule: "Schedule", update: int
+) -> list:
+    """Indices of the unrolls for `update`, waiting on the full queue while watching the actors. Default
+    mode: the first unrolls_per_batch to arrive. --deterministic: round `update`'s unrolls in a fixed
+    order (the schedule's)."""
+    chosen = []
+    while True:
+        if args.deterministic:
+            ready = schedule.batch(update)
+            if ready is not None:
+                return ready
+        elif len(chosen) == args.unrolls_per_batch:
+            return chosen
+        try:
+            k = full_q.get(timeout=0.5)
+        except queue.Empty:
+            k = None
+        # checked at every unroll, the other actors may keep the queue busy: dead, or silent for --actor-timeout
+        check_actors(actors, heartbeats, args.actor_timeout)
+        if k is None:
+            continue
+        if args.deterministic:
+            schedule.arrived(k, buffers["meta"])
+        else:
+            chosen.append(k)
+
+
+def take_batch(buffers: dict, indices: list, free_q, device):
+    """Copy the unrolls out ([K, T, N] -> [T, K*N]) and hand their buffers straight back to the
+    actors. Returns the batch (on the device), the discounted returns (the reward scaler's
+    statistic), the versions of the parameters that produced the unrolls, and the (return, length)
+    of the episodes that ended in them."""
+    index = torch.tensor(indices)
+    batch = {key: buffer[index].transpose(0, 1).flatten(1, 2) for key, buffer in buffers.items() if key != "meta"}
+    versions = buffers["meta"][index][:, 0]
+    for k in indices:
+        free_q.put(k)
+    episode_return = batch.pop("ep_return")
+    episode_length = batch.pop("ep_length")
+    returns = batch.pop("returns")
+    ended = ~torch.isnan(episode_return)
+    finished = list(zip(episode_return[ended].tolist(), episode_length[ended].tolist(), strict=True))
+    batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+    return batch, returns, versions, finished
+
+
+def learner_step(args: Args, agent: Agent, optimizer, flat: torch.Tensor, batch: dict, returns, read_counters):
+    """One update: rewards scaled by the statistics before this batch, the V-trace loss and its
+    gradient; one all-reduce carries the gradients (averaged over ranks), the bookkeeping's counters
+    (`read_counters()`, read after the backward pass: this update's steps and whether this rank was asked
+    to stop) and the moments of this batch's discounted returns (summed), so that the reward scaler is the
+    same on every rank; then the clip and the optimizer's step. Returns the losses and the summed
+    counters."""
+    return_rms = agent.return_rms
+    if return_rms is not None:
+        batch["rewards"] = scale_rewards(batch["rewards"], return_rms, args.clip_reward)
+    loss, losses = impala_loss(agent, batch, args)
+    # zeroed in place: the parameters' gradients are views of flat.grad
+    optimizer.zero_grad(set_to_none=False)
+    loss.backward()
+    counters = read_counters()
+    moments = counters[:0]
+    if return_rms is not None:
+        moments = rms_moments(returns.to(flat.device), batch["valid"].reshape(-1), return_rms.mean)
+    if args.world_size > 1:
+        n = flat.numel()
+        width = counters.numel()
+        reduced = torch.cat([flat.grad, counters, moments.to(flat.dtype)])
+        dist.all_reduce(reduced)
+        flat.grad.copy_(reduced[:n] / args.world_size)
+        counters = reduced[n : n + width]
+        moments = reduced[n + width :].to(moments.dtype)
+    if return_rms is not None:
+        return_rms.load(*rms_merge(return_rms.mean, return_rms.var, return_rms.count, moments))
+    torch.nn.utils.clip_grad_norm_([flat], args.max_grad_norm)
+    optimizer.step()
+    return losses, counters
+
+
+def learning_rate(args: Args, update: int) -> float:
+    """Annealed linearly to zero over the run (as in the paper), or constant."""
+    if args.anneal_lr:
+        return args.learning_rate * (1.0 - update / args.num_updates)
+    return args.learning_rate
+
+
+def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device, video_dir: Optional[str] = None):
+    """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short
+    episodes). With video_dir, episode 0 is also written there as an MP4."""
+    options = dict(episodic_life=False, reward_clip=False) if agent.image else {}
+    render_mode = "rgb_array" if video_dir is not None else None
+    envs = make_env(env_id, episodes, seed, render_mode=render_mode, **options)
+    video = open_video(video_dir) if video_dir is not None else None
+    obs, _ = envs.reset()
+    returns = np.zeros(episodes)
+    done = np.zeros(episodes, dtype=bool)
+    state = agent.initial_state(episodes, device)
+    valid = torch.ones(1, episodes, device=device)
+    while not done.all():
+        if video is not None and not done[0]:
+            video.append_data(envs.render()[0])
+        with torch.no_grad():
+            logits, _, state = agent(torch.as_tensor(obs, device=device).unsqueeze(0), valid, state)
+        obs, reward, terminated, truncated, info = envs.step(logits[0].argmax(-1).cpu().numpy())
+        returns += info.get("reward", reward) * ~done
+        done |= (info["terminated"].astype(bool) if "terminated" in info else terminated) | truncated
+        valid = torch.as_tensor(~(terminated | truncated), dtype=torch.float32, device=device).unsqueeze(0)
+    if video is not None:
+        video.close()
+    envs.close()
+    return returns
+
+
+# ----------------------------------------------------------------------------------------------- main
+def main(args: Args) -> int:
+    # stop signals, flag checks, torchrun's process group, seeds and threads: all below the fold
+    run = Run(args)
+    device = run.device
+    args.num_actors = default_num_actors(args)
+    args.unrolls_per_batch = args.batch_size // args.num_envs
+    num_buffers = args.num_buffers or max(2 * args.unrolls_per_batch, args.unrolls_per_batch + 2 * args.num_actors)
+    args.num_updates = max(1, args.total_timesteps // (args.world_size * args.batch_size * args.unroll_length))
+    spec = envpool.make_spec(args.env_id)
+    if args.norm_reward is None:
+        args.norm_reward = len(spec.observation_space.shape) != 3
+    agent = Agent(spec.observation_space.shape, spec.action_space.n, args.network, args.use_lstm, args.norm_reward)
+    agent = agent.to(device)
+    flat = flatten_parameters(agent)
+    optimizer = make_optimizer(args, flat)
+    # fresh progress, or a checkpoint's with --resume (weights and optimizer state loaded in place); rank 0's
+    # weights go to every rank, so that all learners start identical
+    progress = run.restore(agent, optimizer)
+    start_update = progress["update"]
+
+    # Shared memory and actors first (fork before the learner computes anything), then logging.
+    buffers = unroll_buffers(args, spec, num_buffers, agent.initial_state(1).shape[-1])
+    store = ParameterStore(flat.numel())
+    store.publish(flat, start_update)
+    # which parameters each unroll acts with and in what order the learner takes them (--deterministic: a fixed
+    # schedule), and the actors' heartbeats: below the fold
+    schedule = Schedule(args, start_update)
+    heartbeats = Heartbeats(args.num_actors)
+    actors, free_q, full_q = start_actors(args, buffers, store, num_buffers, schedule, heartbeats)
+    # whatever ends the loop (an exception too), no actor outlives it; a dead or silent actor ends the run
+    with run.actors_running(actors):
+        run.start_training()
+        for update in range(start_update, args.num_updates):
+            # COLLECT: a batch of unrolls (--deterministic: round `update`'s, in a fixed order)
+            indices = next_batch(args, buffers, full_q, actors, heartbeats, schedule, update)
+            run.lap("wait")
+            batch, returns, versions, finished = take_batch(buffers, indices, free_q, device)
+            # LEARN: V-trace on the batch, gradients averaged over ranks (run.update_counters: the bookkeeping's
+            # steps and stop request, summed over ranks in the same all-reduce)
+            optimizer.param_groups[0]["lr"] = learning_rate(args, update)
+            losses, counters = learner_step(args, agent, optimizer, flat, batch, returns, run.update_counters)
+            # PUBLISH: the new parameters for the actors
+            store.publish(flat, update + 1)
+            run.lap("learn")
+            # BOOKKEEPING: clocks, policy lag (learner version minus the batch's), episodes, logs, checkpoints; a
+            # stop signal on some rank ends the loop after a checkpoint
+            if run.end_update(counters, losses, versions, finished, full_q):
+                break
+    # the final evaluation and summary.json (unless a signal or an actor stopped the run), the writer, the group
+    return run.finish()
+
+
+# ==== infrastructure: flags, schedule, actors' health, checkpoints, torchrun, logging; nothing below is IMPALA ====
+@dataclass
+class Infra:
+    """The flags that keep a run alive, watched, reproducible and resumable, not what it learns."""
+
+    exp_name: str = "impala"  # the name of this experiment (part of the run name)
+    torch_deterministic: bool = True  # deterministic CUDA kernels (the CPU kernels used here are anyway)
+    cuda: bool = True  # run the learner on CUDA when it is available (actors always run on the CPU)
+    track: bool = False  # log to Weights & Biases as well as TensorBoard
+    wandb_project_name: str = "distrl"  # the wandb project name
+    wandb_entity: Optional[str] = None  # the wandb entity (team)
+    capture_video: bool = False  # write the first evaluation episode as runs/<run_name>/videos/eval_episode0.mp4
+    save_model: bool = False  # write the final weights (state_dict) to runs/<run_name>/model.pt
+    eval_episodes: int = 10  # episodes of the final, greedy policy to evaluate at the end
+    torch_threads: int = 0  # learner's torch threads (0: 1; actors always use 1)
+    env_threads: int = 0  # envpool threads per actor (0: 1)
+    deterministic: bool = False
+    """actors act with the parameters of exactly one update ago and unrolls are consumed in a fixed
+    order: bitwise reproducible on CPU, at the price of actors waiting for the learner"""
+    restart_every: int = 0
+    """with --deterministic: every this many updates the actors start afresh (a restart point), so that
+    a checkpoint written there resumes bitwise as the uninterrupted run (0: only at the start)"""
+    checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many updates (0: on signals only)
+    resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
+    collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
+    actor_timeout: float = 60.0  # seconds a local actor may fall silent (stopped, hung; 5x that to start): the job ends
+
+
+# every flag of the command line, the algorithm's first (in --help too)
+@dataclass
+class RunArgs(Infra, Args):
+    pass
+
+
+# a checkpoint of another format version ends the run with exit 2 (read_checkpoint)
+CHECKPOINT_VERSION = 1
+
+
+class Run:
+    """The infrastructure of one run, as main() uses it: set-up, restore, the actors' end, clocks, the
+    bookkeeping of each update (the counters summed in the learner's all-reduce, policy lag, episodes,
+    TensorBoard, progress lines, checkpoints, stop signals) and the end (the final evaluation, summary.json,
+    closing the writer and the process group)."""
+
+    def __init__(self, args: RunArgs):
+        # first of all: a signal during start-up ends in a checkpoint (forked processes keep the handlers)
+        self.stop = install_stop_handlers()
+        # envpool's spaces warn about it
+        warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
+        validate(args)
+        self.device = setup_distributed(args)
+        args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
+        self.run_dir = os.path.join("runs", args.run_name)
+        self.checkpoint_path = os.path.join(self.run_dir, "checkpoint.pt")
+        seed_everything(args, self.device)
+        self.args = args
+        self.threshold = envpool.make_spec(args.env_id).reward_threshold
+        self.writer = None
+        self.stopped = False
+        self.exit_code = 0
+
+    def restore(self, agent, optimizer) -> dict:
+        """Fresh progress, or the checkpoint's with --resume (the weights and optimizer state loaded in place).
+        The run keeps agent and optimizer for its checkpoints and summary."""
+        self.agent = agent
+        self.optimizer = optimizer
+        self.progress = restore(self.args, agent, optimizer, self.device, self.checkpoint_path)
+        return self.progress
+
+    @contextlib.contextmanager
+    def actors_running(self, actors: list):
+        """Around the training loop: a dead or silent actor (ActorDied) ends the run with one line and exit code
+        1; whatever ends it, every actor is killed and reaped (they ignore the SIGTERM of exit)."""
+        try:
+            yield
+            # training time ends with the loop (the final evaluation counts in wall time only)
+            self.clock = advance_clock(self.progress, self.clock)
+        except ActorDied as error:
+            program = os.path.basename(sys.argv[0])
+            print(f"{program}: error: rank {self.args.rank}: {error}; stopping", file=sys.stderr, flush=True)
+            self.exit_code = 1
+        finally:
+            stop_actors(actors)
+
+    def start_training(self) -> None:
+        """Rank 0's writer (after the fork: its thread must not be copied into the actors), then training time
+        counts from here (start-up is reported on its own)."""
+        if self.args.rank == 0:
+            self.writer = open_writer(self.args, self.run_dir, self.progress)
+        self.stats = new_stats()
+        self.last_print = 0.0
+        self.clock = start_clock(self.progress)
+        self.lap_start = time.time()
+        self.lap_times = {}
+
+    def lap(self, name: str) -> None:
+        """The time since the previous lap (or the start of the update) as this update's `name` time."""
+        now = time.time()
+        self.lap_times[name] = now - self.lap_start
+        self.lap_start = now
+
+    def update_counters(self) -> torch.Tensor:
+        """The bookkeeping's counters that travel in the learner's gradient all-reduce, summed over ranks: the
+        environment steps of this update, and whether this rank was asked to stop (a signal)."""
+        steps = float(self.args.batch_size * self.args.unroll_length)
+        return torch.tensor([steps, float(self.stop["signal"] != 0)], device=self.device)
+
+    def end_update(self, counters: torch.Tensor, losses: torch.Tensor, versions, finished: list, full_q) -> bool:
+        """One update's bookkeeping: the counters summed over ranks, the clocks, the policy lag (the learner's
+        version minus the batch's mean), the episodes that ended in the batch, rank 0's log and progress line,
+        a checkpoint when due or asked for. Returns True when a stop signal reached some rank (checkpoint
+        written: the loop ends)."""
+        args = self.args
+        progress = self.progress
+        stats = self.stats
+        update = progress["update"]
+        progress["update"] = update + 1
+        progress["global_step"] += int(counters[0])
+        self.clock = advance_clock(progress, self.clock)
+        record_lag(progress, stats, update - versions.double().mean().item())
+        stats["wait_s"] = self.lap_times["wait"]
+        stats["learn_s"] = self.lap_times["learn"]
+        stats["losses"] = losses
+        record_returns(progress, [episode_return for episode_return, _ in finished], self.threshold)
+        if args.rank == 0:
+            log_update(self.writer, progress, finished, learner_scalars(progress, stats, self.optimizer, full_q))
+            self.last_print = print_progress(progress, args.num_updates, self.last_print)
+        # SIGTERM/SIGUSR1 on some rank (SLURM preemption): save, then exit cleanly
+        self.stopped = bool(counters[1] > 0)
+        due = args.checkpoint_every and progress["update"] % args.checkpoint_every == 0
+        if args.rank == 0 and (self.stopped or due):
+            checkpoint = {**progress, "model": self.agent.state_dict(), "optimizer": self.optimizer.state_dict()}
+            save_checkpoint(self.checkpoint_path, checkpoint)
+        if self.stopped and args.rank == 0:
+            print(
+                f"signal received: checkpoint of update {progress['update']} written to {self.checkpoint_path}; "
+                "rerun with --resume to continue",
+                flush=True,
+            )
+        self.lap_start = time.time()
+        return self.stopped
+
+    def finish(self) -> int:
+        """The final evaluation and summary (also after resuming a checkpoint of the last update; not after a
+        stop signal or a dead actor), then the writer, wandb and the process group. Returns the exit code."""
+        args = self.args
+        if self.exit_code == 0 and not self.stopped and args.rank == 0:
+            write_summary(args, self.agent, self.writer, self.progress, self.clock, self.device, self.run_dir)
+        if self.writer is not None:
+            self.writer.close()
+            if args.track:
+                import wandb
+
+                wandb.finish()
+        finish_distributed(args, self.exit_code)
+        return self.exit_code
+
+
+class Schedule:
+    """Which parameters each unroll acts with, and (with --deterministic) in which order the learner takes
+    the unrolls. By default: the latest parameters. With --deterministic, the unrolls of round r
+    (those that update r consumes) act with the parameters of version r - 1, exactly one update old (the
+    first round after a start or a restart point: the current ones), and the learner takes round r's in
+    (sequence, actor) order; unrolls of a later round that arrive early wait. Every --restart-every-th
+    update is a restart point: the actors start afresh (new envs seeded for it, sampling reseeded, the
+    parameters of that very update) in every run alike, so that a run resumed from a checkpoint there goes
+    on bitwise as the uninterrupted one. Each actor and the learner use their own (forked) copy."""
+
+    def __init__(self, args: RunArgs, start_update: int):
+        self.deterministic = args.deterministic
+        self.restart_every = args.restart_every
+        self.start_update = start_update
+        self.unrolls_per_batch = args.unrolls_per_batch
+        # --deterministic: each actor's share of a batch (validate makes the actors divide it); the default mode may
+        # have more actors than a batch has unrolls, and does not use it
+        self.unrolls_per_round = max(1, args.unrolls_per_batch // args.num_actors)
+        # an actor's side: the round of its last start
+        self.segment_start = start_update
+        # the learner's side: the unrolls that arrived, by round
+        self.pending = {}
+
+    def round_of(self, sequence: int) -> int:
+        """--deterministic: the update whose batch an actor's unroll `sequence` joins."""
+        return self.start_update + sequence // self.unrolls_per_round
+
+    def starts_afresh(self, sequence: int) -> bool:
+        """Whether an actor begins unroll `sequence` with new envs and sampling: its first, or the first of a
+        restart point's round."""
+        round_ = self.round_of(sequence)
+        restart_point = self.deterministic and self.restart_every > 0 and round_ % self.restart_every == 0
+        if sequence == 0 or (sequence % self.unrolls_per_round == 0 and restart_point):
+            self.segment_start = round_
+            return True
+        return False
+
+    def version(self, sequence: int) -> Optional[int]:
+        """The parameter version an actor's unroll `sequence` acts with: None (the latest) by default."""
+        if not self.deterministic:
+            return None
+        return max(self.round_of(sequence) - 1, self.segment_start)
+
+    def arrived(self, k: int, meta: torch.Tensor) -> None:
+        """The learner's side: unroll buffer k is full (meta: who produced each buffer)."""
+        _, actor, sequence = meta[k].tolist()
+        self.pending.setdefault(self.round_of(sequence), []).append((sequence, actor, k))
+
+    def batch(self, update: int) -> Optional[list]:
+        """The learner's side: the buffers of round `update` in (sequence, actor) order once they have all
+        arrived (else None)."""
+        ready = self.pending.setdefault(update, [])
+        if len(ready) < self.unrolls_per_batch:
+            return None
+        del self.pending[update]
+        return [k for _, _, k in sorted(ready)]
+
+
+# ----------------------------------------------------------------------------------------------- actors' health
+class ActorDied(RuntimeError):
+    """An actor (or, in SEED, the link to it) is gone: the job ends non-zero."""
+
+
+def tie_to_learner() -> None:
+    """An actor process dies with its learner, whatever kills the learner (PR_SET_PDEATHSIG); the stop
+    signals are the learner's to handle."""
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    for signal_number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(signal_number, signal.SIG_IGN)
+
+
 class Heartbeats:
     """One shared clock reading per actor, written as it steps its envs and while it waits for a free
     buffer: a stopped or hung actor falls silent while its process lives on, which its exit code
@@ -591,273 +1031,78 @@ def get_beating(free_q, heartbeats: Heartbeats, actor: int) -> int:
             pass
 
 
-def actor_loop(
-    actor: int,
-    args: Args,
-    spec,
-    buffers: dict,
-    store: ParameterStore,
-    free_q,
-    full_q,
-    start_update: int,
-    heartbeats: Heartbeats,
-):
-    """One actor: step an envpool batch with a local copy of the policy; fill a free buffer with an
-    unroll, pass its index to the learner through the full queue, repeat. Default mode: the latest
-    parameters before every unroll. Deterministic mode: the unrolls of round r (those the learner
-    consumes in update r) use the parameters of version r - 1, i.e. exactly one update old (the
-    first round after a start or a restart point uses the current)."""
-    # PR_SET_PDEATHSIG: die with the learner, whatever kills it; signals are the learner's to handle
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-    for signal_number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
-        signal.signal(signal_number, signal.SIG_IGN)
-    torch.set_num_threads(1)
-    num_envs = args.num_envs
-    agent = Agent(spec.observation_space.shape, spec.action_space.n, args.network, args.use_lstm)
-    flat = flat_params(agent)
-    # deterministic mode: each actor's share of a batch (validate makes the actors divide it); the default mode may
-    # have more actors than a batch has unrolls, and does not use it
-    unrolls_per_round = max(1, args.unrolls_per_batch // args.num_actors)
-    loaded = -1
-    sequence = 0
-    envs = None
-    while True:
-        # deterministic mode: the update whose batch this unroll joins
-        round_ = start_update + sequence // unrolls_per_round
-        # a start, or a restart point (deterministic mode): envs, sampling and episodes begin afresh
-        if envs is None or (sequence % unrolls_per_round == 0 and restart_point(args, round_)):
-            if envs is not None:
-                envs.close()
-            segment_start = round_
-            seed = env_seed(args, actor, segment_start)
-            envs = make_env(args.env_id, num_envs, seed, args.env_threads or 1)
-            generator = torch.Generator().manual_seed(seed)
-            obs = torch.as_tensor(envs.reset()[0])
-            valid = torch.ones(num_envs)
-            state = agent.initial_state(num_envs)
-            episode_return = np.zeros(num_envs)
-            episode_length = np.zeros(num_envs)
-            previous_done = np.zeros(num_envs, dtype=bool)
-            # discounted return along each env, R_t = gamma R_{t-1} + r_t, reset after an episode end
-            discounted_return = np.zeros(num_envs)
-        # Deterministic mode: the parameters of this round's version first (waiting for it if need be), then a
-        # buffer. Default mode: a buffer first, then the latest parameters, so that an actor held up by
-        # backpressure does not start its unroll with parameters from before the wait (the paper fetches the
-        # latest before each trajectory).
-        if args.deterministic:
-            wanted = max(round_ - 1, segment_start)
-            if wanted != loaded:
-                loaded = store.read(flat, wanted, while_waiting=lambda: heartbeats.beat(actor))
-                load_flat(agent, flat)
-        k = get_beating(free_q, heartbeats, actor)
-        if not args.deterministic and int(store.version[0]) != loaded:
-            loaded = store.read(flat)
-            load_flat(agent, flat)
-        buffers["state"][k] = state
-        for t in range(args.unroll_length):
-            heartbeats.beat(actor)
-            buffers["obs"][k, t] = obs
-            with torch.no_grad():
-                logits, _, state = agent(obs.unsqueeze(0), valid.unsqueeze(0), state)
-            logits = logits[0]
-            action = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(-1)
-            buffers["logits"][k, t] = logits
-            buffers["actions"][k, t] = action
-            buffers["valid"][k, t] = valid
-            next_obs, reward, terminated, truncated, info = envs.step(action.numpy())
-            done = terminated | truncated
-            # Episode statistics (Atari: raw rewards and real game over); the reset step after an end adds nothing.
-            episode_return += info.get("reward", reward) * ~previous_done
-            episode_length += ~previous_done
-            ended = (info["terminated"].astype(bool) | truncated) if "terminated" in info else done
-            buffers["ep_return"][k, t] = torch.as_tensor(np.where(ended, episode_return, np.nan))
-            buffers["ep_length"][k, t] = torch.as_tensor(episode_length)
-            episode_return[ended] = 0.0
-            episode_length[ended] = 0
-            previous_done = done
-            buffers["rewards"][k, t] = torch.as_tensor(reward)
-            discounted_return = discounted_return * args.gamma + reward
-            buffers["returns"][k, t] = torch.as_tensor(discounted_return)
-            discounted_return[done] = 0.0
-            buffers["terms"][k, t] = torch.as_tensor(terminated)
-            buffers["dones"][k, t] = torch.as_tensor(done)
-            obs = torch.as_tensor(next_obs)
-            valid = torch.as_tensor(~done, dtype=torch.float32)
-        # x_T bootstraps this unroll and is also x_0 of this actor's next one
-        buffers["obs"][k, args.unroll_length] = obs
-        buffers["meta"][k] = torch.tensor([loaded, actor, sequence])
-        full_q.put(k)
-        sequence += 1
+def check_actors(actors: list, heartbeats: Heartbeats, timeout: float) -> None:
+    """The learner's look at its actors while it waits: ActorDied when one has exited, or has been silent
+    for over `timeout` seconds (a stopped or hung actor, whose process lives on)."""
+    for actor, process in enumerate(actors):
+        if process.exitcode is not None:
+            raise ActorDied(f"actor {actor} (pid {process.pid}) exited with code {process.exitcode}")
+    silent = heartbeats.silent_actor(timeout)
+    if silent is not None:
+        actor, how_long = silent
+        raise ActorDied(f"actor {actor} (pid {actors[actor].pid}) {how_long} (stopped or hung)")
 
 
-class ActorDied(RuntimeError):
-    """An actor (or, in SEED, the link to it) is gone: the job ends non-zero."""
+# ----------------------------------------------------------------------------------------------- checks
+def fail(arg: str, message: str) -> None:
+    """Bad argument: one line naming it on stderr, exit code 2 (as argparse does)."""
+    print(f"{os.path.basename(sys.argv[0])}: error: --{arg.replace('_', '-')}: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
-def start_actors(
-    args: Args, spec, buffers: dict, store: ParameterStore, num_buffers: int, start_update: int, heartbeats: Heartbeats
-):
-    """Fork the actor processes (before the learner computes anything) around bounded free/full
-    index queues, every buffer free. Returns (actors, free_q, full_q)."""
-    context = mp.get_context("fork")
-    free_q = context.Queue(maxsize=num_buffers)
-    full_q = context.Queue(maxsize=num_buffers)
-    for k in range(num_buffers):
-        free_q.put(k)
-    actors = []
-    for actor in range(args.num_actors):
-        actor_args = (actor, args, spec, buffers, store, free_q, full_q, start_update, heartbeats)
-        actors.append(context.Process(target=actor_loop, args=actor_args, daemon=True))
-    # a failed fork or a second Ctrl-C here: the actors already started must not outlive it
-    try:
-        for process in actors:
-            process.start()
-    except BaseException:
-        stop_actors([process for process in actors if process.pid is not None])
-        raise
-    return actors, free_q, full_q
-
-
-def stop_actors(actors: list) -> None:
-    """Kill and reap every actor, with Ctrl-C ignored meanwhile: raised here, it would leave an actor running, and
-    the interpreter's exit would wait for it for ever (actors ignore the SIGTERM that exit sends them)."""
-    previous_handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for process in actors:
-        process.kill()
-    for process in actors:
-        process.join()
-    signal.signal(signal.SIGINT, previous_handler)
-
-
-def next_batch(
-    args: Args,
-    buffers: dict,
-    full_q,
-    actors: list,
-    heartbeats: Heartbeats,
-    pending: dict,
-    update: int,
-    start_update: int,
-):
-    """Indices of the unrolls for `update`, waiting on the full queue while watching the actors (dead,
-    or silent for --actor-timeout).
-    Default mode: the first unrolls_per_batch to arrive. Deterministic mode: round `update`'s
-    unrolls in (sequence, actor) order; unrolls of the next round that arrive early wait in
-    `pending`."""
-    unrolls_per_round = args.unrolls_per_batch // args.num_actors
-    chosen = []
-    while True:
-        if args.deterministic:
-            ready = pending.setdefault(update, [])
-            if len(ready) == args.unrolls_per_batch:
-                del pending[update]
-                return [k for _, _, k in sorted(ready)]
-        elif len(chosen) == args.unrolls_per_batch:
-            return chosen
-        try:
-            k = full_q.get(timeout=0.5)
-        except queue.Empty:
-            k = None
-        # checked at every unroll: the other actors may keep the queue busy
-        for actor, process in enumerate(actors):
-            if process.exitcode is not None:
-                raise ActorDied(f"actor {actor} (pid {process.pid}) exited with code {process.exitcode}")
-        silent = heartbeats.silent_actor(args.actor_timeout)
-        if silent is not None:
-            actor, how_long = silent
-            raise ActorDied(f"actor {actor} (pid {actors[actor].pid}) {how_long} (stopped or hung)")
-        if k is None:
-            continue
-        if args.deterministic:
-            _, actor, sequence = buffers["meta"][k].tolist()
-            pending.setdefault(start_update + sequence // unrolls_per_round, []).append((sequence, actor, k))
-        else:
-            chosen.append(k)
-
-
-def take_batch(buffers: dict, indices: list, free_q, device):
-    """Copy the unrolls out ([K, T, N] -> [T, K*N]) and hand their buffers straight back to the
-    actors. Returns the batch (on the device), the discounted returns (the reward scaler's
-    statistic), the versions of the parameters that produced the unrolls, and the (return, length)
-    of the episodes that ended in them."""
-    index = torch.tensor(indices)
-    batch = {key: buffer[index].transpose(0, 1).flatten(1, 2) for key, buffer in buffers.items() if key != "meta"}
-    versions = buffers["meta"][index][:, 0]
-    for k in indices:
-        free_q.put(k)
-    episode_return = batch.pop("ep_return")
-    episode_length = batch.pop("ep_length")
-    returns = batch.pop("returns")
-    ended = ~torch.isnan(episode_return)
-    finished = list(zip(episode_return[ended].tolist(), episode_length[ended].tolist(), strict=True))
-    batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
-    return batch, returns, versions, finished
-
-
-def learner_step(args: Args, agent: Agent, optimizer, flat: torch.Tensor, batch: dict, returns, stop: dict):
-    """One update: rewards scaled by the statistics before this batch, the V-trace loss and its
-    gradient; one all-reduce carries the gradients (averaged over ranks), the counters (steps, ranks
-    asked to stop) and the moments of this batch's discounted returns (summed), so that the reward
-    scaler is the same on every rank; then the clip and the optimizer's step. Returns the losses and
-    the summed counters."""
-    return_rms = agent.return_rms
-    if return_rms is not None:
-        batch["rewards"] = scale_rewards(batch["rewards"], return_rms, args.clip_reward)
-    loss, losses = impala_loss(agent, batch, args)
-    # zeroed in place: the parameters' gradients are views of flat.grad
-    optimizer.zero_grad(set_to_none=False)
-    loss.backward()
-    steps = float(args.batch_size * args.unroll_length)
-    counters = torch.tensor([steps, float(stop["signal"] != 0)], device=flat.device)
-    moments = counters[:0]
-    if return_rms is not None:
-        moments = rms_moments(returns.to(flat.device), batch["valid"].reshape(-1), return_rms.mean)
-    if args.world_size > 1:
-        n = flat.numel()
-        reduced = torch.cat([flat.grad, counters, moments.to(flat.dtype)])
-        dist.all_reduce(reduced)
-        flat.grad.copy_(reduced[:n] / args.world_size)
-        counters = reduced[n : n + 2]
-        moments = reduced[n + 2 :].to(moments.dtype)
-    if return_rms is not None:
-        return_rms.load(*rms_merge(return_rms.mean, return_rms.var, return_rms.count, moments))
-    torch.nn.utils.clip_grad_norm_([flat], args.max_grad_norm)
-    optimizer.step()
-    return losses, counters
-
-
-def learning_rate(args: Args, update: int) -> float:
-    """Annealed linearly to zero over the run (as in the paper), or constant."""
-    if args.anneal_lr:
-        return args.learning_rate * (1.0 - update / args.num_updates)
-    return args.learning_rate
-
-
-def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device, video_dir: Optional[str] = None):
-    """Returns of `episodes` episodes of the greedy policy, one env per episode (no bias to short
-    episodes). With video_dir, episode 0 is also written there as an MP4."""
-    options = dict(episodic_life=False, reward_clip=False) if agent.image else {}
-    render_mode = "rgb_array" if video_dir is not None else None
-    envs = make_env(env_id, episodes, seed, render_mode=render_mode, **options)
-    video = open_video(video_dir) if video_dir is not None else None
-    obs, _ = envs.reset()
-    returns = np.zeros(episodes)
-    done = np.zeros(episodes, dtype=bool)
-    state = agent.initial_state(episodes, device)
-    valid = torch.ones(1, episodes, device=device)
-    while not done.all():
-        if video is not None and not done[0]:
-            video.append_data(envs.render()[0])
-        with torch.no_grad():
-            logits, _, state = agent(torch.as_tensor(obs, device=device).unsqueeze(0), valid, state)
-        obs, reward, terminated, truncated, info = envs.step(logits[0].argmax(-1).cpu().numpy())
-        returns += info.get("reward", reward) * ~done
-        done |= (info["terminated"].astype(bool) if "terminated" in info else terminated) | truncated
-        valid = torch.as_tensor(~(terminated | truncated), dtype=torch.float32, device=device).unsqueeze(0)
-    if video is not None:
-        video.close()
-    envs.close()
-    return returns
+def validate(args: RunArgs) -> None:
+    # env seeds add offsets to the seed and must stay 32-bit
+    if not 0 <= args.seed < 2**30:
+        fail("seed", f"must be in [0, 2**30), got {args.seed}")
+    positive = ["total_timesteps", "num_envs", "unroll_length", "batch_size", "eval_episodes", "learning_rate"]
+    positive += ["rho_bar", "c_bar", "rmsprop_eps", "adam_eps", "clip_reward", "collective_timeout"]
+    # max_grad_norm 0 would clip every gradient to zero: refused, not taken as "off"
+    positive += ["max_grad_norm"]
+    for name in positive:
+        if getattr(args, name) <= 0:
+            fail(name, f"must be positive, got {getattr(args, name)}")
+    # a pause of the learner's own over half the timeout (the whole job suspended) restarts the silence count, and
+    # it looks at its actors between updates (every 0.5 s while it waits): a shorter timeout might never fire
+    if args.actor_timeout < 2:
+        fail("actor_timeout", f"must be at least 2 s, got {args.actor_timeout}")
+    not_negative = ["torch_threads", "env_threads", "num_actors", "num_buffers", "checkpoint_every", "ent_coef"]
+    not_negative += ["vf_coef", "restart_every"]
+    for name in not_negative:
+        if getattr(args, name) < 0:
+            fail(name, f"must not be negative, got {getattr(args, name)}")
+    if args.restart_every and not args.deterministic:
+        fail("restart_every", "needs --deterministic (its restart points make resumes bitwise)")
+    for name in ["gamma", "vtrace_lambda", "rmsprop_alpha"]:
+        if not 0.0 < getattr(args, name) <= 1.0:
+            fail(name, f"must be in (0, 1], got {getattr(args, name)}")
+    if args.batch_size % args.num_envs:
+        fail("batch_size", f"{args.batch_size} is not a multiple of --num-envs {args.num_envs}")
+    unrolls = args.batch_size // args.num_envs
+    actors = default_num_actors(args)
+    if args.deterministic and unrolls % actors:
+        fail(
+            "num_actors", f"{actors} actors do not divide the {unrolls} unrolls of a batch (needed by --deterministic)"
+        )
+    if args.num_buffers and args.num_buffers < (2 * unrolls if args.deterministic else unrolls):
+        needs = " (--deterministic needs two batches)" if args.deterministic else ""
+        fail("num_buffers", f"{args.num_buffers} is too few for {unrolls} unrolls per batch{needs}")
+    if args.env_id not in envpool.list_all_envs():
+        fail("env_id", f"'{args.env_id}' is not an envpool environment")
+    env_family = envpool.registration.registry.specs[args.env_id][0]
+    if args.capture_video and env_family not in ("envpool.atari", "envpool.classic_control"):
+        # envpool renders MuJoCo through a GPU context: without one, its render() ends the process
+        fail("capture_video", f"'{args.env_id}' is not Atari or classic control, the envs recorded here")
+    spec = envpool.make_spec(args.env_id)
+    obs_space = spec.observation_space
+    act_space = spec.action_space
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
+        fail("env_id", f"'{args.env_id}' has observation space {obs_space}; IMPALA here needs a flat or image Box")
+    if not isinstance(act_space, gym.spaces.Discrete):
+        fail("env_id", f"'{args.env_id}' has action space {act_space}; IMPALA here needs Discrete actions")
+    if args.network in ("nature", "resnet") and len(obs_space.shape) != 3:
+        fail("network", f"'{args.network}' needs image observations; '{args.env_id}' has {obs_space.shape}")
+    if args.network == "mlp" and len(obs_space.shape) != 1:
+        fail("network", f"'mlp' needs flat observations; '{args.env_id}' has {obs_space.shape}")
 
 
 # ----------------------------------------------------------------------------------------------- bookkeeping
@@ -975,9 +1220,11 @@ def print_progress(progress: dict, num_updates: int, last_print: float) -> float
     return now
 
 
+# ----------------------------------------------------------------------------------------------- checkpoints
 def save_checkpoint(path: str, payload: dict) -> None:
     """Atomic: write a temporary file beside the target, then rename it over the target."""
-    payload = {**payload, "algo": "impala", "recent_returns": list(payload["recent_returns"])}
+    payload = {**payload, "algo": "impala", "version": CHECKPOINT_VERSION}
+    payload["recent_returns"] = list(payload["recent_returns"])
     temporary = f"{path}.tmp{os.getpid()}"
     torch.save(payload, temporary)
     os.replace(temporary, path)
@@ -998,8 +1245,8 @@ def as_typed(flag: str, value) -> str:
 
 def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     """The dict that save_checkpoint wrote, or exit 2 with one line saying what is wrong with the file,
-    which is left as it is: unreadable (truncated, empty, random bytes), of the old format, written by
-    another file, without this file's counters, or of a run with other flags (run_config)."""
+    which is left as it is: unreadable (truncated, empty, random bytes), written by another file, of
+    another format version, without this file's counters, or of a run with other flags (run_config)."""
     # a damaged file raises one of many types (from zipfile, pickle or torch), all of them meaning the same here
     try:
         checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
@@ -1007,29 +1254,29 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
         fail("resume", f"{checkpoint_path} is not a readable checkpoint ({type(error).__name__}); move it away")
     if not isinstance(checkpoint, dict):
         fail("resume", f"{checkpoint_path} holds a {type(checkpoint).__name__}, not a checkpoint; move it away")
-    if "update" not in checkpoint:
-        fail("resume", f"{checkpoint_path} has no 'update': written before the progress format; use another --exp-name")
-    # checkpoints written before this tag are taken as this file's
-    written_by = checkpoint.pop("algo", "impala")
-    if written_by != "impala":
+    written_by = checkpoint.pop("algo", None)
+    if written_by not in (None, "impala"):
         fail("resume", f"{checkpoint_path} was written by {written_by}.py, not impala.py; use another --exp-name")
-    # checkpoints written before configurations were recorded, and flags added since, are taken as this run's
-    recorded = checkpoint.setdefault("config", progress["config"])
-    changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag, value) != value}
-    if changed:
-        was = ", ".join(
-            f"{as_typed(flag, recorded[flag])} (now {as_typed(flag, value)})" for flag, value in changed.items()
+    version = checkpoint.pop("version", "unversioned")
+    if version != CHECKPOINT_VERSION:
+        fail(
+            "resume",
+            f"{checkpoint_path} is of checkpoint format {version}, this file reads format {CHECKPOINT_VERSION}; "
+            "use another --exp-name",
         )
-        fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
-    # checkpoints written before the policy lag was kept: its mean covers the updates since this resume
-    checkpoint.setdefault("policy_lag_sum", 0.0)
-    checkpoint.setdefault("policy_lag_count", 0)
     missing = sorted(set(progress) - set(checkpoint))
     if missing:
         fail(
             "resume",
             f"{checkpoint_path} lacks {', '.join(missing)}: not a checkpoint of impala.py; use another --exp-name",
         )
+    recorded = checkpoint["config"]
+    changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag) != value}
+    if changed:
+        was = ", ".join(
+            f"{as_typed(flag, recorded.get(flag))} (now {as_typed(flag, value)})" for flag, value in changed.items()
+        )
+        fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
     return checkpoint
 
 
@@ -1041,40 +1288,20 @@ def refuse_checkpoint(checkpoint_path: str, error: Exception) -> None:
     )
 
 
-def run_config(args: Args) -> dict:
-    """The flags that define the run, which a resumed run must share with its checkpoint: all but those
-    that say how long it goes, how its work is spread over processes and threads, how long it waits
-    for them, and what it logs or saves. Values derived from the flags (init=False) follow from them."""
-    may_change = {
-        "exp_name",
-        "torch_deterministic",
-        "cuda",
-        "track",
-        "wandb_project_name",
-        "wandb_entity",
-        "capture_video",
-        "save_model",
-        "total_timesteps",
-        "eval_episodes",
-        "torch_threads",
-        "env_threads",
-        "num_actors",
-        "num_buffers",
-        "deterministic",
-        "restart_every",
-        "checkpoint_every",
-        "resume",
-        "collective_timeout",
-        "actor_timeout",
-    }
-    config = {flag.name: getattr(args, flag.name) for flag in fields(args) if flag.init and flag.name not in may_change}
+def run_config(args: RunArgs) -> dict:
+    """The flags that define the run, which a resumed run must share with its checkpoint: the algorithm's
+    (`Args`) but the budget, which may grow, and how the work is spread over actors and buffers; none of
+    `Infra`'s (how the run is kept alive, watched or saved). Values derived from the flags (init=False)
+    follow from them."""
+    may_change = {"total_timesteps", "num_actors", "num_buffers"}
+    config = {flag.name: getattr(args, flag.name) for flag in fields(Args) if flag.init and flag.name not in may_change}
     # torchrun's process count is no flag, but it defines the run: the ranks' batches make one update's, and the
     # number of updates follows from it
     config["world_size"] = args.world_size
     return config
 
 
-def restore(args, model, optimizer, device, checkpoint_path: str) -> dict:
+def restore(args: RunArgs, model, optimizer, device, checkpoint_path: str) -> dict:
     """A fresh progress dict, or with --resume and a checkpoint, the checkpoint's, with the model
     and the optimizer loaded in place. Rank 0 reads the checkpoint and sends it to the other ranks
     (as DD-PPO), so nodes need no shared disk; without one it sends its initial weights, since nodes
@@ -1103,6 +1330,7 @@ def restore(args, model, optimizer, device, checkpoint_path: str) -> dict:
     return progress
 
 
+# ----------------------------------------------------------------------------------------------- signals and output
 def install_stop_handlers() -> dict:
     """SIGTERM, SIGUSR1 (SLURM preemption) and Ctrl-C's SIGINT ask for a checkpoint at the end of the
     current update. A second Ctrl-C ends the run at once (KeyboardInterrupt, no checkpoint)."""
@@ -1118,7 +1346,7 @@ def install_stop_handlers() -> dict:
     return stop
 
 
-def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
+def open_writer(args: RunArgs, run_dir: str, progress: dict) -> SummaryWriter:
     """TensorBoard (and wandb with --track); after a resume, points past the checkpoint's step are
     dropped."""
     if args.track:
@@ -1139,7 +1367,7 @@ def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
     return writer
 
 
-def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float, device, run_dir: str):
+def write_summary(args: RunArgs, agent: Agent, writer, progress: dict, clock: float, device, run_dir: str):
     """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with
     --save-model, the weights."""
     video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
@@ -1183,6 +1411,10 @@ def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float
 
 
 # ----------------------------------------------------------------------------------------------- distribution
+# The torchrun death request: a rank under torchrun asks the kernel (prctl's PR_SET_PDEATHSIG, above the imports)
+# to kill it with its agent, whatever kills the agent: ranks that no longer use the agent's store would otherwise
+# train on without it. It comes before the slow imports, so that an agent killed while they run takes its ranks
+# with it (docs/conventions.md §8).
 def available_cpus() -> int:
     """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not
     the machine's core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE).
@@ -1190,7 +1422,7 @@ def available_cpus() -> int:
     return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
-def default_num_actors(args: Args) -> int:
+def default_num_actors(args: RunArgs) -> int:
     """--num-actors 0: one actor per available CPU. Deterministic mode needs every actor to fill the
     same share of each batch, so there it takes the largest count up to that which divides the
     unrolls per batch."""
@@ -1203,7 +1435,7 @@ def default_num_actors(args: Args) -> int:
     return max(d for d in range(1, min(cpus, unrolls) + 1) if unrolls % d == 0)
 
 
-def setup_distributed(args: Args):
+def setup_distributed(args: RunArgs):
     """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE: join the group (gloo on CPU, NCCL on GPU). Alone:
     world size 1."""
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -1228,7 +1460,7 @@ def setup_distributed(args: Args):
     return device
 
 
-def seed_everything(args: Args, device) -> None:
+def seed_everything(args: RunArgs, device) -> None:
     """Threads and seeds (the same on every rank: identical initial weights); deterministic kernels
     on CUDA (the CPU ones used here are deterministic already)."""
     torch.set_num_threads(args.torch_threads or 1)
@@ -1242,7 +1474,7 @@ def seed_everything(args: Args, device) -> None:
         torch.backends.cudnn.deterministic = args.torch_deterministic
 
 
-def finish_distributed(args: Args, exit_code: int) -> None:
+def finish_distributed(args: RunArgs, exit_code: int) -> None:
     """Leave the process group: together at a barrier, or at once after an error (a barrier would
     wait forever for this rank's peers; torchrun stops them)."""
     if args.world_size == 1:
@@ -1253,105 +1485,5 @@ def finish_distributed(args: Args, exit_code: int) -> None:
     dist.destroy_process_group()
 
 
-def main(args: Args) -> int:
-    # first of all: a signal during start-up ends in a checkpoint (forked processes keep the handlers)
-    stop = install_stop_handlers()
-    # envpool's spaces warn about it
-    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
-    validate(args)
-    device = setup_distributed(args)
-    args.num_actors = default_num_actors(args)
-    args.unrolls_per_batch = args.batch_size // args.num_envs
-    num_buffers = args.num_buffers or max(2 * args.unrolls_per_batch, args.unrolls_per_batch + 2 * args.num_actors)
-    args.num_updates = max(1, args.total_timesteps // (args.world_size * args.batch_size * args.unroll_length))
-    args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
-    run_dir = os.path.join("runs", args.run_name)
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-    seed_everything(args, device)
-    spec = envpool.make_spec(args.env_id)
-    threshold = spec.reward_threshold
-    if args.norm_reward is None:
-        args.norm_reward = len(spec.observation_space.shape) != 3
-    agent = Agent(spec.observation_space.shape, spec.action_space.n, args.network, args.use_lstm, args.norm_reward)
-    agent = agent.to(device)
-    flat = flatten_parameters(agent)
-    optimizer = make_optimizer(args, flat)
-    progress = restore(args, agent, optimizer, device, checkpoint_path)
-    start_update = progress["update"]
-
-    # Shared memory and actors first (fork before the learner computes anything), then logging.
-    buffers = unroll_buffers(args, spec, num_buffers, agent.initial_state(1).shape[-1])
-    store = ParameterStore(flat.numel())
-    store.publish(flat, start_update)
-    heartbeats = Heartbeats(args.num_actors)
-    actors, free_q, full_q = start_actors(args, spec, buffers, store, num_buffers, start_update, heartbeats)
-    exit_code = 0
-    # whatever ends this (an exception too), no actor outlives it: they ignore the SIGTERM of exit
-    try:
-        writer = open_writer(args, run_dir, progress) if args.rank == 0 else None
-        stats = new_stats()
-        pending = {}
-        last_print = 0.0
-        clock = start_clock(progress)
-        for update in range(start_update, args.num_updates):
-            # COLLECT: a batch of unrolls (deterministic mode: round `update`'s, in a fixed order)
-            wait_start = time.time()
-            indices = next_batch(args, buffers, full_q, actors, heartbeats, pending, update, start_update)
-            learn_start = time.time()
-            batch, returns, versions, finished = take_batch(buffers, indices, free_q, device)
-            # LEARN: V-trace on the batch, gradients averaged over ranks
-            optimizer.param_groups[0]["lr"] = learning_rate(args, update)
-            losses, counters = learner_step(args, agent, optimizer, flat, batch, returns, stop)
-            # PUBLISH: the new parameters for the actors
-            store.publish(flat, update + 1)
-            learn_end = time.time()
-            # BOOKKEEPING: clocks, policy lag (learner version minus the batch's), episodes, logs, checkpoints
-            progress["update"] = update + 1
-            progress["global_step"] += int(counters[0])
-            clock = advance_clock(progress, clock)
-            record_lag(progress, stats, update - versions.double().mean().item())
-            stats["wait_s"] = learn_start - wait_start
-            stats["learn_s"] = learn_end - learn_start
-            stats["losses"] = losses
-            record_returns(progress, [episode_return for episode_return, _ in finished], threshold)
-            if args.rank == 0:
-                log_update(writer, progress, finished, learner_scalars(progress, stats, optimizer, full_q))
-                last_print = print_progress(progress, args.num_updates, last_print)
-            # SIGTERM/SIGUSR1 on some rank (SLURM preemption): save, then exit cleanly
-            stopping = counters[1] > 0
-            due = args.checkpoint_every and progress["update"] % args.checkpoint_every == 0
-            if args.rank == 0 and (stopping or due):
-                checkpoint = {**progress, "model": agent.state_dict(), "optimizer": optimizer.state_dict()}
-                save_checkpoint(checkpoint_path, checkpoint)
-            if stopping:
-                if args.rank == 0:
-                    print(
-                        f"signal received: checkpoint of update {progress['update']} written to {checkpoint_path}; "
-                        "rerun with --resume to continue",
-                        flush=True,
-                    )
-                break
-        else:
-            clock = advance_clock(progress, clock)
-            if args.rank == 0:
-                # the actors' CPU is the evaluation's now
-                for process in actors:
-                    process.kill()
-                write_summary(args, agent, writer, progress, clock, device, run_dir)
-    except ActorDied as e:
-        print(f"{os.path.basename(sys.argv[0])}: error: rank {args.rank}: {e}; stopping", file=sys.stderr, flush=True)
-        exit_code = 1
-    finally:
-        stop_actors(actors)
-    if writer is not None:
-        writer.close()
-        if args.track:
-            import wandb
-
-            wandb.finish()
-    finish_distributed(args, exit_code)
-    return exit_code
-
-
 if __name__ == "__main__":
-    sys.exit(main(tyro.cli(Args)))
+    sys.exit(main(tyro.cli(RunArgs)))

@@ -11,8 +11,13 @@ and replay; every other rank is one more actor shipping blocks through torch.dis
 
   python algos/r2d2.py --mask-velocity                              # masked CartPole-v1 (positions only)
   torchrun --standalone --nproc_per_node=3 algos/r2d2.py            # rank 0 learner + replay, ranks 1-2 actors
+
+The file reads top to bottom down to main(); below the "infrastructure" line are the flags, checks,
+checkpoints, the determinism schedule, signals, the actors' health checks, torchrun plumbing and logging
+that keep a run alive, none of it R2D2.
 """
 
+import contextlib
 import ctypes
 import hashlib
 import importlib
@@ -31,11 +36,11 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
 from typing import Literal, Optional
 
-# a rank under torchrun asks the kernel to kill it with its agent, whatever kills the agent (PR_SET_PDEATHSIG):
-# before the slow imports below, so that an agent killed while they run takes its ranks with it; ranks that no
-# longer use the agent's store would otherwise train on without it
+# under torchrun, die with the agent (prctl's PR_SET_PDEATHSIG), asked before the slow imports: see
+# "the torchrun death request" below the fold
+PR_SET_PDEATHSIG = 1
 if "TORCHELASTIC_RUN_ID" in os.environ:
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 import envpool
 import gymnasium as gym
@@ -51,19 +56,13 @@ from torch.utils.tensorboard import SummaryWriter
 
 @dataclass
 class Args:
-    # --- common to every distrl file ---
-    exp_name: str = "r2d2"  # the name of this experiment (part of the run name)
+    """The algorithm's and the environment's flags; the infrastructure's (checkpoints, determinism, timeouts,
+    logging) are in `Infra`, below the fold, and the command line takes both."""
+
+    # --- experiment and environment ---
     seed: int = 1  # seed of the experiment
-    torch_deterministic: bool = True  # deterministic CUDA kernels (the CPU kernels used here are anyway)
-    cuda: bool = True  # run the learner on CUDA when it is available (actors always run on the CPU)
-    track: bool = False  # log to Weights & Biases as well as TensorBoard
-    wandb_project_name: str = "distrl"  # the wandb project name
-    wandb_entity: Optional[str] = None  # the wandb entity (team)
-    capture_video: bool = False  # write the first evaluation episode as runs/<run_name>/videos/eval_episode0.mp4
-    save_model: bool = False  # write the final weights (state_dict) to runs/<run_name>/model.pt
     env_id: str = "CartPole-v1"  # the envpool environment id
     total_timesteps: int = 400_000  # total environment steps taken by all actors
-    eval_episodes: int = 10  # episodes of the final, greedy policy to evaluate at the end
     # --- algorithm ---
     mask_velocity: bool = False  # CartPole-v1 with the velocities removed (observation: cart position, pole angle)
     network: Literal["auto", "mlp", "nature"] = "auto"  # torso: 1-layer ReLU MLP or Nature-CNN (auto: by observation)
@@ -96,28 +95,9 @@ class Args:
     # steps of an actor's batch between parameter refreshes (each env steps once per batch step);
     # paper: 400 environment steps (Acme's variable_update_period)
     actor_update_interval: int = 32
-    threshold_epsilon: float = 0.01
-    """only envs with epsilon_i at most this (or the least) count in train_return_last20 and
-    time_to_threshold"""
-    torch_threads: int = 0  # learner's torch threads (0: 1; actors always use 1)
-    env_threads: int = 0  # envpool threads per actor (0: 1)
-    # --- distributed ---
+    # --- distributed: the actors ---
     num_actors: int = 0  # actor processes on rank 0 (0: one per available CPU but one, at least 1)
     num_buffers: int = 0  # shared block buffers (0: 2 per actor, counting remote ranks, plus 2)
-    deterministic: bool = False
-    """blocks inserted in a fixed order (by round, then actor), actors act with the parameters of
-    the round before last: bitwise reproducible on CPU, at the price of actors waiting"""
-    restart_every: int = 0
-    """with --deterministic: every this many rounds the actors start afresh (a restart point) and
-    checkpoints hold the replay, so that a checkpoint written there resumes bitwise as the
-    uninterrupted run (0: only at the start)"""
-    # write runs/<run_name>/checkpoint.pt every this many learner updates (0: on signals only; with
-    # --restart-every: at the first restart point after each such count)
-    checkpoint_every: int = 0
-    # continue from runs/<run_name>/checkpoint.pt when it exists (the replay is refilled, except with --restart-every)
-    resume: bool = False
-    collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
-    actor_timeout: float = 60.0  # seconds a local actor may fall silent (stopped, hung; 5x that to start): the job ends
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
@@ -126,95 +106,6 @@ class Args:
     segment: int = field(default=0, init=False)
     start_round: int = field(default=0, init=False)
     run_name: str = field(default="", init=False)
-
-
-def fail(arg: str, message: str) -> None:
-    """Bad argument: one line naming it on stderr, exit code 2 (as argparse does)."""
-    print(f"{os.path.basename(sys.argv[0])}: error: --{arg.replace('_', '-')}: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def validate(args: Args) -> None:
-    # env seeds add offsets to the seed and must stay 32-bit
-    if not 0 <= args.seed < 2**30:
-        fail("seed", f"must be in [0, 2**30), got {args.seed}")
-    positive = [
-        "collective_timeout",
-        "total_timesteps",
-        "eval_episodes",
-        "learning_rate",
-        "adam_eps",
-        "batch_size",
-        "buffer_size",
-        "n_step",
-        "priority_eps",
-        "target_network_frequency",
-        "steps_per_update",
-        "num_envs",
-        "hidden_size",
-        "actor_update_interval",
-        "max_grad_norm",
-        "sequence_length",
-        "value_rescaling_eps",
-    ]
-    for name in positive:
-        if getattr(args, name) <= 0:
-            fail(name, f"must be positive, got {getattr(args, name)}")
-    # a pause of the learner's own over half the timeout (the whole job suspended) restarts the silence count, and
-    # it looks at its actors between updates (every 0.5 s while it waits): a shorter timeout might never fire
-    if args.actor_timeout < 2:
-        fail("actor_timeout", f"must be at least 2 s, got {args.actor_timeout}")
-    not_negative = [
-        "torch_threads",
-        "env_threads",
-        "num_actors",
-        "num_buffers",
-        "checkpoint_every",
-        "restart_every",
-        "learning_starts",
-        "alpha",
-        "epsilon_alpha",
-        "threshold_epsilon",
-        "burn_in",
-        "sequence_overlap",
-    ]
-    for name in not_negative:
-        if getattr(args, name) < 0:
-            fail(name, f"must not be negative, got {getattr(args, name)}")
-    if args.restart_every and not args.deterministic:
-        fail("restart_every", "needs --deterministic (its restart points make resumes bitwise)")
-    for name in ["gamma", "epsilon"]:
-        if not 0.0 < getattr(args, name) <= 1.0:
-            fail(name, f"must be in (0, 1], got {getattr(args, name)}")
-    for name in ["beta", "eta"]:
-        if not 0.0 <= getattr(args, name) <= 1.0:
-            fail(name, f"must be in [0, 1], got {getattr(args, name)}")
-    if args.sequence_overlap >= args.sequence_length:
-        fail("sequence_overlap", f"{args.sequence_overlap} must be below --sequence-length {args.sequence_length}")
-    if args.batch_size > args.buffer_size:
-        fail("batch_size", f"{args.batch_size} exceeds --buffer-size {args.buffer_size}")
-    if 2 * args.num_envs > args.buffer_size:
-        fail("buffer_size", f"{args.buffer_size} is smaller than one block (up to 2 x {args.num_envs} sequences)")
-    total_actors = default_num_actors(args) + int(os.environ.get("WORLD_SIZE", "1")) - 1
-    if args.num_buffers and args.num_buffers < 2 * total_actors:
-        fail("num_buffers", f"{args.num_buffers} is too few: every actor needs two")
-    if args.env_id not in envpool.list_all_envs():
-        fail("env_id", f"'{args.env_id}' is not an envpool environment")
-    env_family = envpool.registration.registry.specs[args.env_id][0]
-    if args.capture_video and env_family not in ("envpool.atari", "envpool.classic_control"):
-        # envpool renders MuJoCo through a GPU context: without one, its render() ends the process
-        fail("capture_video", f"'{args.env_id}' is not Atari or classic control, the envs recorded here")
-    spec = envpool.make_spec(args.env_id)
-    obs_space = spec.observation_space
-    act_space = spec.action_space
-    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
-        fail("env_id", f"'{args.env_id}' has observation space {obs_space}; R2D2 here needs a flat or image Box")
-    if not isinstance(act_space, gym.spaces.Discrete):
-        fail("env_id", f"'{args.env_id}' has action space {act_space}; DQN needs Discrete actions")
-    if args.mask_velocity and args.env_id != "CartPole-v1":
-        fail("mask_velocity", f"is for CartPole-v1, not '{args.env_id}'")
-    if args.network != "auto" and (args.network == "nature") != (len(obs_space.shape) == 3):
-        fail("network", f"'{args.network}' does not fit observations of shape {obs_space.shape} ('{args.env_id}')")
 
 
 # ----------------------------------------------------------------------------------------------- environment
@@ -260,31 +151,6 @@ def env_seed(args: Args, actor: int, round_: int) -> int:
     segment args.segment (0, then +1 per resume), or with --restart-every at round `round_`."""
     start = round_ if args.restart_every else args.segment
     return args.seed + (start * args.total_actors + actor) * args.num_envs
-
-
-def restart_point(args: Args, round_: int) -> bool:
-    """With --restart-every: every --restart-every-th round the actors start afresh (new envs seeded
-    for it, exploration reseeded, no partial sequences, zero recurrent states, the parameters of that
-    very round) and the learner reseeds its sampling, in every run alike, so that a run resumed from a
-    checkpoint there (which holds the replay) goes on bitwise as the uninterrupted one."""
-    return args.restart_every > 0 and round_ % args.restart_every == 0
-
-
-def version_for(args: Args, sequence: int) -> int:
-    """Deterministic mode: the parameter version that an actor's block `sequence` (round) is collected
-    with: that of the round before last, published once the learner has taken round sequence - 2,
-    but at the segment's first round and at a restart point the current one (a round of waiting)."""
-    start = args.start_round
-    if args.restart_every:
-        start = max(start, sequence - sequence % args.restart_every)
-    return max(sequence - 1, start)
-
-
-def learner_rng(args: Args, round_: int) -> np.random.Generator:
-    """The learner's sampling generator: one per run segment, or with --restart-every one per restart
-    point (and per segment start)."""
-    start = round_ if args.restart_every else args.segment
-    return np.random.default_rng(args.seed + 10**9 + start)
 
 
 # ----------------------------------------------------------------------------------------------- networks
@@ -665,48 +531,11 @@ def load_flat(net: nn.Module, flat: torch.Tensor) -> None:
     torch.nn.utils.vector_to_parameters(flat, net.parameters())
 
 
-class Heartbeats:
-    """One shared clock reading per local actor, written as it steps its envs and while it waits for a
-    free buffer: a stopped or hung actor falls silent while its process lives on, which its exit
-    code cannot show."""
-
-    # an actor's first beat comes once it has built its envs and network: until then it may take this many
-    # times the timeout (a machine with many more actors than cores starts them slowly)
-    STARTUP_GRACE = 5
-
-    def __init__(self, count: int):
-        # 0: no beat yet
-        self.last = torch.zeros(count, dtype=torch.float64).share_memory_()
-        # the learner's side: when it last looked, and since when silence counts
-        self.looked = time.monotonic()
-        self.since = self.looked
-
-    def beat(self, actor: int) -> None:
-        """An actor is alive: now."""
-        self.last[actor] = time.monotonic()
-
-    def silent_actor(self, timeout: float) -> Optional[tuple]:
-        """The first actor silent for over `timeout` seconds (STARTUP_GRACE times it before its first beat)
-        and how long, or None. When the learner itself was away for over half of the timeout (the whole
-        job suspended, say), silence counts from the learner's return."""
-        now = time.monotonic()
-        if now - self.looked > timeout / 2:
-            self.since = now
-        self.looked = now
-        grace = self.STARTUP_GRACE * timeout
-        for actor, last in enumerate(self.last.tolist()):
-            if last == 0 and now - self.since > grace:
-                return actor, f"not started after {grace:g} s, {self.STARTUP_GRACE} x --actor-timeout"
-            if last != 0 and now - max(last, self.since) > timeout:
-                return actor, f"silent for {timeout:g} s"
-        return None
-
-
 class LocalLink:
     """A local actor's way to the learner: shared block buffers, index queues, the parameter
-    store, the heartbeats."""
+    store, the heartbeats (below the fold)."""
 
-    def __init__(self, buffers: dict, store: ParameterStore, free_q, full_q, heartbeats: Heartbeats, actor: int):
+    def __init__(self, buffers: dict, store: ParameterStore, free_q, full_q, heartbeats, actor: int):
         self.buffers = buffers
         self.store = store
         self.free_q = free_q
@@ -742,39 +571,6 @@ class LocalLink:
         """Beat while the store waits for a version (deterministic mode); never give up."""
         self.beat()
         return False
-
-
-class RemoteLink:
-    """A remote actor's (rank > 0) way to the learner: its block goes to rank 0 through
-    torch.distributed (a gloo pair group); rank 0's bridge answers with [version] and parameters:
-    those of the version the deterministic schedule asks for, else the latest; version -1 means
-    stop."""
-
-    def __init__(self, args: Args, spec, group, num_params: int):
-        self.buffer = {key: value[0] for key, value in block_buffers(args, spec, 1, shared=False).items()}
-        self.group = group
-        self.version = torch.zeros(1, dtype=torch.long)
-        self.flat = torch.zeros(num_params)
-        self.send(receive_only=True)
-
-    def beat(self) -> None:
-        """Nothing: a silent remote actor leaves rank 0's bridge waiting until --collective-timeout."""
-
-    def block(self) -> dict:
-        return self.buffer
-
-    def send(self, receive_only: bool = False) -> None:
-        for key in [] if receive_only else sorted(self.buffer):
-            dist.send(self.buffer[key], 0, group=self.group)
-        dist.recv(self.version, 0, group=self.group)
-        dist.recv(self.flat, 0, group=self.group)
-
-    def latest(self) -> int:
-        return int(self.version[0])
-
-    def params(self, out: torch.Tensor, version: Optional[int] = None) -> int:
-        out.copy_(self.flat)
-        return int(self.version[0])
 
 
 class SequenceBuilder:
@@ -885,13 +681,11 @@ def actor_loop(actor: int, args: Args, spec, link, local: bool = True) -> None:
     latest every actor_update_interval steps (remote: with each block's reply); deterministic mode:
     block s (round s) uses version_for(s); with --restart-every its envs start afresh at every
     restart point."""
-    if local:
-        # die with the learner, whatever kills it (PR_SET_PDEATHSIG)
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-    # local or remote, the learner turns signals (Ctrl-C reaches every process) into a checkpoint
-    for signal_number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
-        signal.signal(signal_number, signal.SIG_IGN)
+    # a local actor dies with the learner; local or remote, the stop signals are the learner's (below the fold)
+    tie_to_learner(die_with_parent=local)
     torch.set_num_threads(1)
+    # the deterministic mode's rounds, restart points and parameter versions (below the fold)
+    schedule = Schedule(args)
     num_envs = args.num_envs
     num_actions = spec.action_space.n
     rescaling = rescaling_eps(args, spec)
@@ -905,7 +699,7 @@ def actor_loop(actor: int, args: Args, spec, link, local: bool = True) -> None:
     envs = None
     while True:
         # a start, or a restart point (--restart-every): envs, exploration, sequences and states begin afresh
-        if envs is None or (args.deterministic and restart_point(args, sequence)):
+        if envs is None or schedule.restart_point(sequence):
             if envs is not None:
                 envs.close()
             seed = env_seed(args, actor, sequence)
@@ -929,13 +723,13 @@ def actor_loop(actor: int, args: Args, spec, link, local: bool = True) -> None:
             # -1: no action before an episode's first step
             prev_action = torch.full((num_envs, 1), -1)
             prev_reward = torch.zeros(num_envs, 1)
-        if args.deterministic:
-            wanted = version_for(args, sequence)
-            if wanted != loaded:
-                loaded = link.params(flat, wanted)
-                if loaded < 0:
-                    return
-                load_flat(net, flat)
+        # deterministic mode: the parameter version the schedule gives this block (None: the latest, below)
+        wanted = schedule.version_for(sequence)
+        if wanted is not None and wanted != loaded:
+            loaded = link.params(flat, wanted)
+            if loaded < 0:
+                return
+            load_flat(net, flat)
         block = link.block()
         if not local and link.latest() < 0:
             return
@@ -993,107 +787,9 @@ def actor_loop(actor: int, args: Args, spec, link, local: bool = True) -> None:
         sequence += 1
 
 
-def remote_bridge(
-    actor: int, peer: int, group, args: Args, buffers: dict, store: ParameterStore, free_q, full_q, control: dict
-) -> None:
-    """Rank 0's stand-in for the remote actor on rank `peer`: send it parameters, receive each of
-    its blocks into a free shared buffer and queue it like a local actor's, answer with the
-    parameters for its next block (or stop)."""
-    flat = torch.zeros_like(store.slots[0])
-    version = torch.zeros(1, dtype=torch.long)
-    scratch = None
-
-    def stopped() -> bool:
-        return control.get("stop", False)
-
-    try:
-        sequence = args.start_round
-        while True:
-            wanted = version_for(args, sequence) if args.deterministic else None
-            version[0] = -1 if stopped() else store.read(flat, wanted, give_up=stopped)
-            dist.send(version, peer, group=group)
-            dist.send(flat, peer, group=group)
-            if version[0] < 0:
-                return
-            index = None
-            while index is None and not stopped():
-                try:
-                    index = free_q.get(timeout=0.2)
-                except queue.Empty:
-                    pass
-            # Stopping: take the block the actor is sending into a scratch copy, then answer "stop".
-            scratch = scratch or {key: value[0].clone() for key, value in buffers.items()}
-            target = scratch if index is None else {key: value[index] for key, value in buffers.items()}
-            for key in sorted(target):
-                dist.recv(target[key], peer, group=group)
-            if index is not None:
-                full_q.put(index)
-            sequence += 1
-    except Exception as e:  # noqa: BLE001 - any failure of the link ends the job
-        control.setdefault("error", f"remote actor {actor} (rank {peer}): {e!r}")
-
-
-class ActorDied(RuntimeError):
-    """An actor (or the link to a remote one) is gone: the job ends non-zero."""
-
-
-def start_actors(
-    args: Args, spec, groups: dict, buffers: dict, store: ParameterStore, control: dict, heartbeats: Heartbeats
-):
-    """Fork the local actors over the shared buffers (all free at first) and start one bridge thread
-    per remote rank. Returns (actor processes, bridge threads, free queue, full queue)."""
-    context = mp.get_context("fork")
-    free_q = context.Queue(maxsize=args.num_buffers)
-    full_q = context.Queue(maxsize=args.num_buffers)
-    for index in range(args.num_buffers):
-        free_q.put(index)
-    actors = []
-    for actor in range(args.num_actors):
-        link = LocalLink(buffers, store, free_q, full_q, heartbeats, actor)
-        actors.append(context.Process(target=actor_loop, args=(actor, args, spec, link), daemon=True))
-    bridges = []
-    for rank in range(1, args.world_size):
-        bridge_args = (args.num_actors + rank - 1, rank, groups[rank], args, buffers, store, free_q, full_q, control)
-        bridges.append(threading.Thread(target=remote_bridge, args=bridge_args, daemon=True))
-    # a failed fork or thread, or a second Ctrl-C, here: the actors already started must not outlive it
-    try:
-        for process in actors:
-            process.start()
-        # stop_actors kills an actor wherever it is, even mid-put holding full_q's lock: then a bridge's put
-        # never reaches the pipe, and this process must not wait at exit to flush it
-        full_q.cancel_join_thread()
-        for bridge in bridges:
-            bridge.start()
-    except BaseException:
-        stop_actors([process for process in actors if process.pid is not None], control)
-        raise
-    return actors, bridges, free_q, full_q
-
-
-def stop_actors(actors: list, control: dict) -> None:
-    """Kill and reap every actor, with Ctrl-C ignored meanwhile: raised here, it would leave an actor running, and
-    the interpreter's exit would wait for it for ever (actors ignore the SIGTERM that exit sends them)."""
-    control["stop"] = True
-    previous_handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for process in actors:
-        process.kill()
-    for process in actors:
-        process.join()
-    signal.signal(signal.SIGINT, previous_handler)
-
-
-def next_block(
-    args: Args,
-    actors: list,
-    heartbeats: Heartbeats,
-    control: dict,
-    buffers: dict,
-    full_q,
-    pending: dict,
-    expected: tuple,
-) -> int:
-    """A filled buffer's index, watching the actors (dead, or silent for --actor-timeout).
-    Deterministic: block `expected` = (sequence, actor) only."""
+def next_block(args: Args, health, buffers: dict, full_q, pending: dict, expected: tuple) -> int:
+    """A filled buffer's index, watching the actors meanwhile (health.check: one dead, or silent
+    for --actor-timeout, ends the run). Deterministic: block `expected` = (sequence, actor) only."""
     while True:
         if args.deterministic and expected in pending:
             return pending.pop(expected)
@@ -1102,15 +798,7 @@ def next_block(
         except queue.Empty:
             index = None
         # checked at every block: the other actors may keep the queue busy
-        for actor, process in enumerate(actors):
-            if process.exitcode is not None:
-                raise ActorDied(f"actor {actor} (pid {process.pid}) exited with code {process.exitcode}")
-        silent = heartbeats.silent_actor(args.actor_timeout)
-        if silent is not None:
-            actor, how_long = silent
-            raise ActorDied(f"actor {actor} (pid {actors[actor].pid}) {how_long} (stopped or hung)")
-        if "error" in control:
-            raise ActorDied(control["error"])
+        health.check()
         if index is not None and not args.deterministic:
             return index
         if index is not None:
@@ -1153,11 +841,13 @@ def updates_due(args: Args, progress: dict, replay, segment_start: dict) -> bool
     return steps >= 0 and replay.size > 0 and updates < steps / args.steps_per_update
 
 
-def learner_step(args: Args, q_net, target_net, optimizer, flat, replay, rng, progress: dict, stats: dict, rescaling):
+def learner_step(args: Args, q_net, target_net, optimizer, replay, rng, progress: dict, stats: dict, rescaling):
     """One learner update: a prioritized batch of sequences, the burn-in and the weighted double-Q
     loss (value rescaling with h's epsilon `rescaling`, None: off), the gradient clipped to
     max_grad_norm, Adam (learning rate annealed linearly to 0), the sequences' new priorities; every
     target_network_frequency updates the target network copies the online one."""
+    # the flat parameter vector the optimizer steps (the networks' parameters are views of it)
+    flat = optimizer.param_groups[0]["params"][0]
     sample_start = time.time()
     indices, batch, weights = replay.sample(args.batch_size, args.beta, rng)
     learn_start = time.time()
@@ -1181,13 +871,12 @@ def learner_step(args: Args, q_net, target_net, optimizer, flat, replay, rng, pr
         target_net.load_state_dict(q_net.state_dict())
 
 
-def publish(args: Args, q_net, store: ParameterStore, progress: dict, stats: dict) -> None:
+def publish(args: Args, q_net, store: ParameterStore, progress: dict, stats: dict, schedule) -> None:
     """Parameters for the actors: after every block (deterministic mode: after every round of
-    blocks)."""
-    blocks = stats["blocks"]
-    if args.deterministic and blocks % args.total_actors != 0:
+    blocks), numbered by the schedule."""
+    version = schedule.version_after(stats["blocks"])
+    if version is None:
         return
-    version = args.start_round + blocks // args.total_actors if args.deterministic else blocks
     if args.deterministic:
         # whole rounds taken: the round a resumed run starts at
         progress["round"] = version
@@ -1232,6 +921,523 @@ def evaluate(
         video.close()
     envs.close()
     return returns
+
+
+# ----------------------------------------------------------------------------------------------- main
+def main(args: Args) -> int:
+    # stop signals, flag checks, torchrun's groups, the actor count, seeds and threads: all below the fold
+    run = Run(args)
+    spec = envpool.make_spec(args.env_id)
+    num_params = sum(p.numel() for p in make_network(args, spec).parameters())
+    if args.rank > 0:
+        # a remote actor (torchrun's ranks 1, 2, ...): its index follows the learner's local actors; its blocks go
+        # to rank 0 through torch.distributed, where a bridge thread queues them like a local actor's
+        link = run.remote_link(spec, num_params)
+        actor_loop(args.num_actors + args.rank - 1, args, spec, link, local=False)
+        return run.finish()
+    q_net = make_network(args, spec).to(run.device)
+    target_net = make_network(args, spec).to(run.device)
+    flat = flatten_parameters(q_net)
+    optimizer = torch.optim.Adam([flat], lr=args.learning_rate, eps=args.adam_eps)
+    # fresh progress, or a checkpoint's with --resume (the networks and the optimizer state loaded in place); every
+    # rank then takes rank 0's actor count, run segment and first round (each actor's index, seeds and epsilon_i)
+    progress = run.restore(q_net, target_net, optimizer)
+    epsilon = torch.as_tensor(epsilons(args.epsilon, args.epsilon_alpha, args.total_actors * args.num_envs))
+    epsilon = epsilon.view(args.total_actors, -1)
+    rescaling = rescaling_eps(args, spec)
+    # Shared memory and actors first (fork before the learner computes anything), then the replay and logging.
+    buffers = block_buffers(args, spec, args.num_buffers)
+    store = ParameterStore(num_params)
+    store.publish(flat_params(q_net), args.start_round)
+    # the local actors' processes and a bridge thread per remote actor; the queues pass buffer indices
+    heartbeats = Heartbeats(args.num_actors)
+    control = {}
+    actors, bridges, free_q, full_q = start_actors(args, spec, run.groups, buffers, store, control, heartbeats)
+    # the learner's look at them where it waits (dead, silent, a lost link): below the fold
+    health = ActorHealth(args, actors, heartbeats, control)
+    # whatever ends this (an exception too: a replay too large), no actor outlives it; an actor's death ends the run
+    with run.actors_running(health, bridges, full_q):
+        fields = {key: buffers[key][0, 0] for key in SEQUENCE_KEYS}
+        replay = PrioritizedReplay(args.buffer_size, fields, args.alpha, args.priority_eps, run.device)
+        # with --restart-every, the checkpoint's replay (loaded in place); the rate limit counts from where it began
+        segment_start = run.restore_replay(replay)
+        # the writer and this segment's counters (blocks taken, versions published, timings); training starts
+        stats = run.start_training(epsilon)
+        # deterministic mode: blocks that came before their turn
+        pending = {}
+        while progress["global_step"] < args.total_timesteps:
+            # COLLECT: the next block into the replay (deterministic mode: by round, then actor)
+            expected = run.schedule.expected_block(stats["blocks"])
+            index = next_block(args, health, buffers, full_q, pending, expected)
+            finished = take_block(args, buffers, index, replay, free_q, epsilon, progress, stats)
+            # LEARN: as many updates as the rate limit allows
+            while updates_due(args, progress, replay, segment_start):
+                learner_step(args, q_net, target_net, optimizer, replay, run.schedule.rng, progress, stats, rescaling)
+            # PUBLISH: parameters for the actors
+            publish(args, q_net, store, progress, stats, run.schedule)
+            # BOOKKEEPING: clocks, episodes (the least-exploring envs' count), logs, checkpoints; a stop signal ends
+            # the loop after a checkpoint
+            if run.end_block(finished):
+                break
+        # unless a signal stopped the run: the actors stop, then the final evaluation and summary.json
+        run.summarize()
+    # the writer and the process group; exit 1 when an actor died
+    return run.finish()
+
+
+# ==== infrastructure: flags, schedule, actors' health, checkpoints, torchrun, logging; nothing below is R2D2 ====
+@dataclass
+class Infra:
+    """The flags that keep a run alive, watched, reproducible and resumable, not what it learns."""
+
+    exp_name: str = "r2d2"  # the name of this experiment (part of the run name)
+    torch_deterministic: bool = True  # deterministic CUDA kernels (the CPU kernels used here are anyway)
+    cuda: bool = True  # run the learner on CUDA when it is available (actors always run on the CPU)
+    track: bool = False  # log to Weights & Biases as well as TensorBoard
+    wandb_project_name: str = "distrl"  # the wandb project name
+    wandb_entity: Optional[str] = None  # the wandb entity (team)
+    capture_video: bool = False  # write the first evaluation episode as runs/<run_name>/videos/eval_episode0.mp4
+    save_model: bool = False  # write the final weights (state_dict) to runs/<run_name>/model.pt
+    eval_episodes: int = 10  # episodes of the final, greedy policy to evaluate at the end
+    threshold_epsilon: float = 0.01
+    """only envs with epsilon_i at most this (or the least) count in train_return_last20 and
+    time_to_threshold"""
+    torch_threads: int = 0  # learner's torch threads (0: 1; actors always use 1)
+    env_threads: int = 0  # envpool threads per actor (0: 1)
+    deterministic: bool = False
+    """blocks inserted in a fixed order (by round, then actor), actors act with the parameters of
+    the round before last: bitwise reproducible on CPU, at the price of actors waiting"""
+    restart_every: int = 0
+    """with --deterministic: every this many rounds the actors start afresh (a restart point) and
+    checkpoints hold the replay, so that a checkpoint written there resumes bitwise as the
+    uninterrupted run (0: only at the start)"""
+    # write runs/<run_name>/checkpoint.pt every this many learner updates (0: on signals only; with
+    # --restart-every: at the first restart point after each such count)
+    checkpoint_every: int = 0
+    # continue from runs/<run_name>/checkpoint.pt when it exists (the replay is refilled, except with --restart-every)
+    resume: bool = False
+    collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
+    actor_timeout: float = 60.0  # seconds a local actor may fall silent (stopped, hung; 5x that to start): the job ends
+
+
+# every flag of the command line, the algorithm's first (in --help too)
+@dataclass
+class RunArgs(Infra, Args):
+    pass
+
+
+# a checkpoint of another format version ends the run with exit 2 (read_checkpoint)
+CHECKPOINT_VERSION = 1
+
+
+class Run:
+    """The infrastructure of one run, as main() uses it: set-up, restore, the actors' start, watch and stop, the
+    determinism schedule, clocks, the bookkeeping of each block (episodes, TensorBoard, progress lines,
+    checkpoints, stop signals) and the end (the final evaluation, summary.json, closing the writer and the process
+    group)."""
+
+    def __init__(self, args: RunArgs):
+        # first of all: a signal during start-up ends in a checkpoint (forked processes keep the handlers)
+        self.stop = install_stop_handlers()
+        # envpool's spaces warn that they cast their float64 bounds to float32
+        warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
+        validate(args)
+        self.device, self.groups = setup_distributed(args)
+        args.num_actors = default_num_actors(args)
+        args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
+        self.run_dir = os.path.join("runs", args.run_name)
+        self.checkpoint_path = os.path.join(self.run_dir, "checkpoint.pt")
+        seed_everything(args, self.device)
+        self.args = args
+        self.threshold = envpool.make_spec(args.env_id).reward_threshold
+        self.stopped = False
+        self.exit_code = 0
+        self.bridges = []
+        self.writer = None
+
+    def remote_link(self, spec, num_params: int):
+        """A remote actor's link to its bridge on rank 0, once rank 0 has said how many actors there are and where
+        the run segment starts (agree_on_actors)."""
+        agree_on_actors(self.args, 0, 0)
+        return RemoteLink(self.args, spec, self.groups[self.args.rank], num_params)
+
+    def restore(self, q_net, target_net, optimizer) -> dict:
+        """Fresh progress, or the checkpoint's with --resume (the networks and the optimizer state loaded in place; a
+        resumed run is the next run segment); then every rank takes rank 0's run segment, first round and actor
+        count (agree_on_actors), where the determinism schedule starts. The run keeps the networks and the optimizer
+        for its checkpoints and summary."""
+        args = self.args
+        self.q_net = q_net
+        self.target_net = target_net
+        self.optimizer = optimizer
+        self.progress = restore(args, q_net, optimizer, self.device, self.checkpoint_path, target_net)
+        agree_on_actors(args, self.progress["segment"], self.progress["round"] if args.deterministic else 0)
+        self.schedule = Schedule(args)
+        return self.progress
+
+    @contextlib.contextmanager
+    def actors_running(self, health, bridges: list, full_q):
+        """Whatever ends the block, an exception too, every local actor is killed and reaped: they ignore the SIGTERM
+        that the interpreter's exit sends them, which would wait for them for ever. An actor's death (ActorDied)
+        ends the block with one line on stderr and the run with exit 1. The run keeps the bridges (stopped at its
+        end) and the queue of filled buffers (its length is logged)."""
+        self.health = health
+        self.bridges = bridges
+        self.full_q = full_q
+        try:
+            yield
+        except ActorDied as e:
+            print(f"{os.path.basename(sys.argv[0])}: error: {e}; stopping", file=sys.stderr, flush=True)
+            self.exit_code = 1
+        finally:
+            self.health.stop()
+
+    def restore_replay(self, replay) -> dict:
+        """The checkpoint's replay, loaded in place, where it has one (written with --restart-every). Returns the
+        counts the rate limit runs from (restore_replay). The run keeps the replay for its checkpoints, logs and
+        summary."""
+        self.replay = replay
+        self.segment_start = restore_replay(replay, self.progress, self.checkpoint_path)
+        return self.segment_start
+
+    def start_training(self, epsilon: torch.Tensor) -> dict:
+        """Rank 0's writer and this segment's learner counters (new_stats), returned; training time counts from
+        here. Episodes of the envs that explore least (epsilon_i at most --threshold-epsilon, or the least one)
+        count towards the threshold."""
+        args = self.args
+        self.writer = open_writer(args, self.run_dir, self.progress)
+        self.stats = new_stats(self.progress, args.start_round)
+        # episodes of these envs count for the threshold
+        self.counted_epsilon = max(args.threshold_epsilon, epsilon.min().item())
+        self.last_print = 0.0
+        self.saved_at = self.progress["update"]
+        self.clock = start_clock(self.progress)
+        return self.stats
+
+    def end_block(self, finished: list) -> bool:
+        """One block's bookkeeping: the clocks, its ended episodes (those of the least-exploring envs count towards
+        the threshold), the log (the learner's scalars every 2 s) and progress line, a checkpoint when due or asked
+        for. Returns True when a stop signal came (checkpoint written: the loop ends)."""
+        args = self.args
+        progress = self.progress
+        self.clock = advance_clock(progress, self.clock)
+        counted = [episode_return for episode_return, _, epsilon in finished if epsilon <= self.counted_epsilon]
+        record_returns(progress, counted, self.threshold)
+        due = time.time() - self.last_print >= 2.0
+        scalars = learner_scalars(progress, self.stats, self.optimizer, self.replay, self.full_q) if due else {}
+        log_update(self.writer, progress, finished, scalars)
+        self.last_print = print_progress(progress, args.total_timesteps, self.last_print)
+        # SIGTERM/SIGUSR1 (SLURM preemption) or Ctrl-C: save, then exit cleanly
+        self.stopped = self.stop["signal"] != 0
+        if self.stopped or checkpoint_due(args, progress, self.stats, self.saved_at, self.schedule):
+            networks = (self.q_net, self.target_net, self.optimizer)
+            write_checkpoint(args, self.checkpoint_path, progress, *networks, self.replay, self.segment_start)
+            self.saved_at = progress["update"]
+        if self.stopped:
+            announce_stop(progress, self.checkpoint_path)
+        return self.stopped
+
+    def summarize(self) -> None:
+        """Unless a stop signal ended the loop (also after resuming a checkpoint past the budget): the actors stop,
+        their CPU is the final evaluation's now; then summary.json and, with --save-model, the weights."""
+        if self.stopped:
+            return
+        self.clock = advance_clock(self.progress, self.clock)
+        self.health.stop()
+        write_summary(
+            self.args,
+            self.q_net,
+            self.writer,
+            self.progress,
+            self.clock,
+            self.device,
+            self.run_dir,
+            self.stats,
+            self.replay,
+        )
+
+    def finish(self) -> int:
+        """Rank 0's writer (and wandb) closed, then the process group left (after an actor's death at once: torchrun
+        stops the remote actors). Returns the exit code: 1 when an actor died."""
+        if self.writer is not None:
+            close_writer(self.args, self.writer)
+        finish_distributed(self.args, self.exit_code, self.bridges)
+        return self.exit_code
+
+
+class Schedule:
+    """The deterministic mode's schedule (--deterministic), alike in every run: blocks go into the replay by
+    round, then actor (round s: block s of every actor), and block s is collected with parameter version
+    version_for(s); with --restart-every, restart points. It holds the learner's sampling generator (`rng`),
+    which starts afresh at each restart point. Without --deterministic: no restart points, every block
+    publishes a version and actors take the latest."""
+
+    def __init__(self, args: RunArgs):
+        self.args = args
+        self.rng = self.learner_rng(args.start_round)
+
+    def restart_point(self, round_: int) -> bool:
+        """With --restart-every: every --restart-every-th round the actors start afresh (new envs seeded
+        for it, exploration reseeded, no partial sequences, zero recurrent states, the parameters of that
+        very round) and the learner reseeds its sampling, in every run alike, so that a run resumed from a
+        checkpoint there (which holds the replay) goes on bitwise as the uninterrupted one."""
+        args = self.args
+        return args.deterministic and args.restart_every > 0 and round_ % args.restart_every == 0
+
+    def version_for(self, sequence: int) -> Optional[int]:
+        """Deterministic mode: the parameter version that an actor's block `sequence` (round) is collected
+        with: that of the round before last, published once the learner has taken round sequence - 2,
+        but at the segment's first round and at a restart point the current one (a round of waiting).
+        Otherwise None: the latest, whichever it is."""
+        args = self.args
+        if not args.deterministic:
+            return None
+        start = args.start_round
+        if args.restart_every:
+            start = max(start, sequence - sequence % args.restart_every)
+        return max(sequence - 1, start)
+
+    def version_after(self, blocks: int) -> Optional[int]:
+        """The version the learner publishes once it has taken `blocks` blocks in this run segment: one per
+        block, or in deterministic mode one per round of blocks (None mid-round: none)."""
+        args = self.args
+        if not args.deterministic:
+            return blocks
+        if blocks % args.total_actors != 0:
+            return None
+        return args.start_round + blocks // args.total_actors
+
+    def expected_block(self, blocks: int) -> tuple:
+        """(round, actor) of the block the learner takes after `blocks` blocks in deterministic mode; at a
+        restart point's first block the learner's sampling generator starts afresh."""
+        args = self.args
+        round_, actor = divmod(args.start_round * args.total_actors + blocks, args.total_actors)
+        if actor == 0 and self.restart_point(round_):
+            self.rng = self.learner_rng(round_)
+        return round_, actor
+
+    def learner_rng(self, round_: int) -> np.random.Generator:
+        """The learner's sampling generator: one per run segment, or with --restart-every one per restart
+        point (and per segment start)."""
+        args = self.args
+        start = round_ if args.restart_every else args.segment
+        return np.random.default_rng(args.seed + 10**9 + start)
+
+
+# ----------------------------------------------------------------------------------------------- actors' health
+class Heartbeats:
+    """One shared clock reading per local actor, written as it steps its envs and while it waits for a
+    free buffer: a stopped or hung actor falls silent while its process lives on, which its exit
+    code cannot show."""
+
+    # an actor's first beat comes once it has built its envs and network: until then it may take this many
+    # times the timeout (a machine with many more actors than cores starts them slowly)
+    STARTUP_GRACE = 5
+
+    def __init__(self, count: int):
+        # 0: no beat yet
+        self.last = torch.zeros(count, dtype=torch.float64).share_memory_()
+        # the learner's side: when it last looked, and since when silence counts
+        self.looked = time.monotonic()
+        self.since = self.looked
+
+    def beat(self, actor: int) -> None:
+        """An actor is alive: now."""
+        self.last[actor] = time.monotonic()
+
+    def silent_actor(self, timeout: float) -> Optional[tuple]:
+        """The first actor silent for over `timeout` seconds (STARTUP_GRACE times it before its first beat)
+        and how long, or None. When the learner itself was away for over half of the timeout (the whole
+        job suspended, say), silence counts from the learner's return."""
+        now = time.monotonic()
+        if now - self.looked > timeout / 2:
+            self.since = now
+        self.looked = now
+        grace = self.STARTUP_GRACE * timeout
+        for actor, last in enumerate(self.last.tolist()):
+            if last == 0 and now - self.since > grace:
+                return actor, f"not started after {grace:g} s, {self.STARTUP_GRACE} x --actor-timeout"
+            if last != 0 and now - max(last, self.since) > timeout:
+                return actor, f"silent for {timeout:g} s"
+        return None
+
+
+class ActorDied(RuntimeError):
+    """An actor (or the link to a remote one) is gone: the job ends non-zero."""
+
+
+class ActorHealth:
+    """The learner's watch over its actors, where it waits for their blocks (next_block): a local actor's
+    death (its exit code), its silence (Heartbeats: stopped or hung for --actor-timeout, STARTUP_GRACE times
+    that before its first beat), a remote actor's broken link (the error its bridge leaves in `control`)."""
+
+    def __init__(self, args: RunArgs, actors: list, heartbeats: Heartbeats, control: dict):
+        self.actors = actors
+        self.heartbeats = heartbeats
+        self.control = control
+        self.timeout = args.actor_timeout
+
+    def check(self) -> None:
+        """ActorDied, naming the actor, when one is gone."""
+        for actor, process in enumerate(self.actors):
+            if process.exitcode is not None:
+                raise ActorDied(f"actor {actor} (pid {process.pid}) exited with code {process.exitcode}")
+        silent = self.heartbeats.silent_actor(self.timeout)
+        if silent is not None:
+            actor, how_long = silent
+            raise ActorDied(f"actor {actor} (pid {self.actors[actor].pid}) {how_long} (stopped or hung)")
+        if "error" in self.control:
+            raise ActorDied(self.control["error"])
+
+    def stop(self) -> None:
+        """Every local actor killed and reaped, the bridges told to end (stop_actors)."""
+        stop_actors(self.actors, self.control)
+
+
+def tie_to_learner(die_with_parent: bool = True) -> None:
+    """An actor: a local one dies with its learner, whatever kills the learner (a remote actor is a rank of its
+    own, which torchrun stops), and local or remote it ignores the stop signals, which are the learner's."""
+    if die_with_parent:
+        # die with the learner, whatever kills it (PR_SET_PDEATHSIG)
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    # local or remote, the learner turns signals (Ctrl-C reaches every process) into a checkpoint
+    for signal_number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(signal_number, signal.SIG_IGN)
+
+
+def start_actors(
+    args: RunArgs, spec, groups: dict, buffers: dict, store: ParameterStore, control: dict, heartbeats: Heartbeats
+):
+    """Fork the local actors over the shared buffers (all free at first) and start one bridge thread
+    per remote rank. Returns (actor processes, bridge threads, free queue, full queue)."""
+    context = mp.get_context("fork")
+    free_q = context.Queue(maxsize=args.num_buffers)
+    full_q = context.Queue(maxsize=args.num_buffers)
+    for index in range(args.num_buffers):
+        free_q.put(index)
+    actors = []
+    for actor in range(args.num_actors):
+        link = LocalLink(buffers, store, free_q, full_q, heartbeats, actor)
+        actors.append(context.Process(target=actor_loop, args=(actor, args, spec, link), daemon=True))
+    bridges = []
+    for rank in range(1, args.world_size):
+        bridge_args = (args.num_actors + rank - 1, rank, groups[rank], args, buffers, store, free_q, full_q, control)
+        bridges.append(threading.Thread(target=remote_bridge, args=bridge_args, daemon=True))
+    # a failed fork or thread, or a second Ctrl-C, here: the actors already started must not outlive it
+    try:
+        for process in actors:
+            process.start()
+        # stop_actors kills an actor wherever it is, even mid-put holding full_q's lock: then a bridge's put
+        # never reaches the pipe, and this process must not wait at exit to flush it
+        full_q.cancel_join_thread()
+        for bridge in bridges:
+            bridge.start()
+    except BaseException:
+        stop_actors([process for process in actors if process.pid is not None], control)
+        raise
+    return actors, bridges, free_q, full_q
+
+
+def stop_actors(actors: list, control: dict) -> None:
+    """Kill and reap every actor, with Ctrl-C ignored meanwhile: raised here, it would leave an actor running, and
+    the interpreter's exit would wait for it for ever (actors ignore the SIGTERM that exit sends them)."""
+    control["stop"] = True
+    previous_handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for process in actors:
+        process.kill()
+    for process in actors:
+        process.join()
+    signal.signal(signal.SIGINT, previous_handler)
+
+
+# ----------------------------------------------------------------------------------------------- checks
+def fail(arg: str, message: str) -> None:
+    """Bad argument: one line naming it on stderr, exit code 2 (as argparse does)."""
+    print(f"{os.path.basename(sys.argv[0])}: error: --{arg.replace('_', '-')}: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def validate(args: RunArgs) -> None:
+    # env seeds add offsets to the seed and must stay 32-bit
+    if not 0 <= args.seed < 2**30:
+        fail("seed", f"must be in [0, 2**30), got {args.seed}")
+    positive = [
+        "collective_timeout",
+        "total_timesteps",
+        "eval_episodes",
+        "learning_rate",
+        "adam_eps",
+        "batch_size",
+        "buffer_size",
+        "n_step",
+        "priority_eps",
+        "target_network_frequency",
+        "steps_per_update",
+        "num_envs",
+        "hidden_size",
+        "actor_update_interval",
+        "max_grad_norm",
+        "sequence_length",
+        "value_rescaling_eps",
+    ]
+    for name in positive:
+        if getattr(args, name) <= 0:
+            fail(name, f"must be positive, got {getattr(args, name)}")
+    # a pause of the learner's own over half the timeout (the whole job suspended) restarts the silence count, and
+    # it looks at its actors between updates (every 0.5 s while it waits): a shorter timeout might never fire
+    if args.actor_timeout < 2:
+        fail("actor_timeout", f"must be at least 2 s, got {args.actor_timeout}")
+    not_negative = [
+        "torch_threads",
+        "env_threads",
+        "num_actors",
+        "num_buffers",
+        "checkpoint_every",
+        "restart_every",
+        "learning_starts",
+        "alpha",
+        "epsilon_alpha",
+        "threshold_epsilon",
+        "burn_in",
+        "sequence_overlap",
+    ]
+    for name in not_negative:
+        if getattr(args, name) < 0:
+            fail(name, f"must not be negative, got {getattr(args, name)}")
+    if args.restart_every and not args.deterministic:
+        fail("restart_every", "needs --deterministic (its restart points make resumes bitwise)")
+    for name in ["gamma", "epsilon"]:
+        if not 0.0 < getattr(args, name) <= 1.0:
+            fail(name, f"must be in (0, 1], got {getattr(args, name)}")
+    for name in ["beta", "eta"]:
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            fail(name, f"must be in [0, 1], got {getattr(args, name)}")
+    if args.sequence_overlap >= args.sequence_length:
+        fail("sequence_overlap", f"{args.sequence_overlap} must be below --sequence-length {args.sequence_length}")
+    if args.batch_size > args.buffer_size:
+        fail("batch_size", f"{args.batch_size} exceeds --buffer-size {args.buffer_size}")
+    if 2 * args.num_envs > args.buffer_size:
+        fail("buffer_size", f"{args.buffer_size} is smaller than one block (up to 2 x {args.num_envs} sequences)")
+    total_actors = default_num_actors(args) + int(os.environ.get("WORLD_SIZE", "1")) - 1
+    if args.num_buffers and args.num_buffers < 2 * total_actors:
+        fail("num_buffers", f"{args.num_buffers} is too few: every actor needs two")
+    if args.env_id not in envpool.list_all_envs():
+        fail("env_id", f"'{args.env_id}' is not an envpool environment")
+    env_family = envpool.registration.registry.specs[args.env_id][0]
+    if args.capture_video and env_family not in ("envpool.atari", "envpool.classic_control"):
+        # envpool renders MuJoCo through a GPU context: without one, its render() ends the process
+        fail("capture_video", f"'{args.env_id}' is not Atari or classic control, the envs recorded here")
+    spec = envpool.make_spec(args.env_id)
+    obs_space = spec.observation_space
+    act_space = spec.action_space
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
+        fail("env_id", f"'{args.env_id}' has observation space {obs_space}; R2D2 here needs a flat or image Box")
+    if not isinstance(act_space, gym.spaces.Discrete):
+        fail("env_id", f"'{args.env_id}' has action space {act_space}; DQN needs Discrete actions")
+    if args.mask_velocity and args.env_id != "CartPole-v1":
+        fail("mask_velocity", f"is for CartPole-v1, not '{args.env_id}'")
+    if args.network != "auto" and (args.network == "nature") != (len(obs_space.shape) == 3):
+        fail("network", f"'{args.network}' does not fit observations of shape {obs_space.shape} ('{args.env_id}')")
 
 
 # ----------------------------------------------------------------------------------------------- bookkeeping
@@ -1360,9 +1566,11 @@ def print_progress(progress: dict, total_timesteps: int, last_print: float) -> f
     return now
 
 
+# ----------------------------------------------------------------------------------------------- checkpoints
 def save_checkpoint(path: str, payload: dict) -> None:
     """Atomic: write a temporary file beside the target, then rename it over the target."""
-    payload = {**payload, "algo": "r2d2", "recent_returns": list(payload["recent_returns"])}
+    payload = {**payload, "algo": "r2d2", "version": CHECKPOINT_VERSION}
+    payload["recent_returns"] = list(payload["recent_returns"])
     temporary = f"{path}.tmp{os.getpid()}"
     torch.save(payload, temporary)
     os.replace(temporary, path)
@@ -1383,8 +1591,8 @@ def as_typed(flag: str, value) -> str:
 
 def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     """The dict that save_checkpoint wrote, or exit 2 with one line saying what is wrong with the file,
-    which is left as it is: unreadable (truncated, empty, random bytes), of the old format, written by
-    another file, without this file's counters, or of a run with other flags (run_config)."""
+    which is left as it is: unreadable (truncated, empty, random bytes), written by another file, of
+    another format version, without this file's counters, or of a run with other flags (run_config)."""
     # a damaged file raises one of many types (from zipfile, pickle or torch), all of them meaning the same here
     try:
         checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
@@ -1392,31 +1600,29 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
         fail("resume", f"{checkpoint_path} is not a readable checkpoint ({type(error).__name__}); move it away")
     if not isinstance(checkpoint, dict):
         fail("resume", f"{checkpoint_path} holds a {type(checkpoint).__name__}, not a checkpoint; move it away")
-    if "update" not in checkpoint:
-        fail("resume", f"{checkpoint_path} has no 'update': written before the progress format; use another --exp-name")
-    # checkpoints written before this tag are taken as this file's
-    written_by = checkpoint.pop("algo", "r2d2")
-    if written_by != "r2d2":
+    written_by = checkpoint.pop("algo", None)
+    if written_by not in (None, "r2d2"):
         fail("resume", f"{checkpoint_path} was written by {written_by}.py, not r2d2.py; use another --exp-name")
-    # checkpoints written before configurations were recorded, and flags added since, are taken as this run's
-    recorded = checkpoint.setdefault("config", progress["config"])
-    changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag, value) != value}
-    if changed:
-        was = ", ".join(
-            f"{as_typed(flag, recorded[flag])} (now {as_typed(flag, value)})" for flag, value in changed.items()
+    version = checkpoint.pop("version", "unversioned")
+    if version != CHECKPOINT_VERSION:
+        fail(
+            "resume",
+            f"{checkpoint_path} is of checkpoint format {version}, this file reads format {CHECKPOINT_VERSION}; "
+            "use another --exp-name",
         )
-        fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
-    # checkpoints written before the policy lag was kept: its mean covers the blocks since this resume
-    checkpoint.setdefault("policy_lag_sum", 0.0)
-    checkpoint.setdefault("policy_lag_count", 0)
-    # and before rounds were counted: their actors start again at round 0
-    checkpoint.setdefault("round", 0)
     missing = sorted(set(progress) - set(checkpoint))
     if missing:
         fail(
             "resume",
             f"{checkpoint_path} lacks {', '.join(missing)}: not a checkpoint of r2d2.py; use another --exp-name",
         )
+    recorded = checkpoint["config"]
+    changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag) != value}
+    if changed:
+        was = ", ".join(
+            f"{as_typed(flag, recorded.get(flag))} (now {as_typed(flag, value)})" for flag, value in changed.items()
+        )
+        fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
     return checkpoint
 
 
@@ -1428,35 +1634,22 @@ def refuse_checkpoint(checkpoint_path: str, error: Exception) -> None:
     )
 
 
-def run_config(args: Args) -> dict:
-    """The flags that define the run, which a resumed run must share with its checkpoint: all but those
-    that say how long it goes, how its work is spread over processes and threads, how long it waits
-    for them, and what it logs or saves. Values derived from the flags (init=False) follow from them."""
-    may_change = {
-        "exp_name",
-        "torch_deterministic",
-        "cuda",
-        "track",
-        "wandb_project_name",
-        "wandb_entity",
-        "capture_video",
-        "save_model",
-        "total_timesteps",
-        "eval_episodes",
-        "torch_threads",
-        "env_threads",
-        "num_actors",
-        "num_buffers",
-        "deterministic",
-        "checkpoint_every",
-        "resume",
-        "collective_timeout",
-        "actor_timeout",
-    }
-    return {flag.name: getattr(args, flag.name) for flag in fields(args) if flag.init and flag.name not in may_change}
+def run_config(args: RunArgs) -> dict:
+    """The flags that define the run, which a resumed run must share with its checkpoint: the algorithm's
+    (`Args`) but the budget, which may grow, and the actor and buffer counts, which may follow the cores of
+    the node a requeued job lands on; and two of `Infra`'s (below). Values derived from the flags
+    (init=False) follow from them."""
+    may_change = {"total_timesteps", "num_actors", "num_buffers"}
+    config = {flag.name: getattr(args, flag.name) for flag in fields(Args) if flag.init and flag.name not in may_change}
+    # two flags of the infrastructure define the run too: --restart-every where the actors' envs and the learner's
+    # sampling start afresh (and whether checkpoints hold the replay), --threshold-epsilon which episodes count
+    # towards the threshold
+    config["restart_every"] = args.restart_every
+    config["threshold_epsilon"] = args.threshold_epsilon
+    return config
 
 
-def restore(args, model, optimizer, device, checkpoint_path: str, target_net) -> dict:
+def restore(args: RunArgs, model, optimizer, device, checkpoint_path: str, target_net) -> dict:
     """A fresh progress dict, or with --resume and a checkpoint, the checkpoint's, with the model,
     the target network and the optimizer loaded in place; a resumed run is the next run segment.
     (Rank 0 only: the other ranks are actors, which take their parameters from the learner.)"""
@@ -1492,7 +1685,9 @@ def restore_replay(replay: PrioritizedReplay, progress: dict, checkpoint_path: s
         refuse_checkpoint(checkpoint_path, error)
 
 
-def write_checkpoint(args, checkpoint_path, progress, q_net, target_net, optimizer, replay, segment_start) -> None:
+def write_checkpoint(
+    args: RunArgs, checkpoint_path, progress, q_net, target_net, optimizer, replay, segment_start
+) -> None:
     """Progress, networks and optimizer state; with --restart-every the replay too, and the counts its
     rate limit runs from."""
     checkpoint = {**progress, "model": q_net.state_dict(), "optimizer": optimizer.state_dict()}
@@ -1500,25 +1695,17 @@ def write_checkpoint(args, checkpoint_path, progress, q_net, target_net, optimiz
     save_checkpoint(checkpoint_path, {**checkpoint, "target": target_net.state_dict(), **kept})
 
 
-def checkpoint_due(args: Args, progress: dict, stats: dict, saved_at: int) -> bool:
+def checkpoint_due(args: RunArgs, progress: dict, stats: dict, saved_at: int, schedule) -> bool:
     """A periodic checkpoint: once --checkpoint-every more updates have passed since the last one, or
     with --restart-every at the first restart point after that (where a resume is bitwise)."""
     every = args.checkpoint_every
     if not every or progress["update"] // every <= saved_at // every:
         return False
     round_ended = stats["blocks"] % args.total_actors == 0
-    return not args.restart_every or (round_ended and restart_point(args, progress["round"]))
+    return not args.restart_every or (round_ended and schedule.restart_point(progress["round"]))
 
 
-def announce_stop(progress: dict, checkpoint_path: str) -> None:
-    """SIGTERM/SIGUSR1 (SLURM preemption) ended the loop after a checkpoint: say where it is."""
-    print(
-        f"signal received: checkpoint of update {progress['update']} written to {checkpoint_path}; "
-        "rerun with --resume to continue",
-        flush=True,
-    )
-
-
+# ----------------------------------------------------------------------------------------------- signals and output
 def install_stop_handlers() -> dict:
     """SIGTERM, SIGUSR1 (SLURM preemption) and Ctrl-C's SIGINT ask for a checkpoint at the end of the
     current update. A second Ctrl-C ends the run at once (KeyboardInterrupt, no checkpoint)."""
@@ -1534,7 +1721,16 @@ def install_stop_handlers() -> dict:
     return stop
 
 
-def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
+def announce_stop(progress: dict, checkpoint_path: str) -> None:
+    """SIGTERM/SIGUSR1 (SLURM preemption) ended the loop after a checkpoint: say where it is."""
+    print(
+        f"signal received: checkpoint of update {progress['update']} written to {checkpoint_path}; "
+        "rerun with --resume to continue",
+        flush=True,
+    )
+
+
+def open_writer(args: RunArgs, run_dir: str, progress: dict) -> SummaryWriter:
     """TensorBoard (and wandb with --track); after a resume, points past the checkpoint's step are
     dropped."""
     if args.track:
@@ -1555,7 +1751,7 @@ def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
     return writer
 
 
-def close_writer(args: Args, writer: SummaryWriter) -> None:
+def close_writer(args: RunArgs, writer: SummaryWriter) -> None:
     writer.close()
     if args.track:
         import wandb
@@ -1563,7 +1759,9 @@ def close_writer(args: Args, writer: SummaryWriter) -> None:
         wandb.finish()
 
 
-def write_summary(args, q_net, writer, progress: dict, clock: float, device, run_dir: str, stats: dict, replay):
+def write_summary(
+    args: RunArgs, q_net, writer, progress: dict, clock: float, device, run_dir: str, stats: dict, replay
+):
     """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with
     --save-model, the weights."""
     video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
@@ -1617,19 +1815,24 @@ def write_summary(args, q_net, writer, progress: dict, clock: float, device, run
     )
 
 
+# ----------------------------------------------------------------------------------------------- distribution
+# The torchrun death request: a rank under torchrun asks the kernel (prctl's PR_SET_PDEATHSIG, above the imports)
+# to kill it with its agent, whatever kills the agent: ranks that no longer use the agent's store would otherwise
+# train on without it. It comes before the slow imports, so that an agent killed while they run takes its ranks
+# with it (docs/conventions.md §8).
 def available_cpus() -> int:
     """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not
     the machine's core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE)."""
     return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
-def default_num_actors(args: Args) -> int:
+def default_num_actors(args: RunArgs) -> int:
     """--num-actors 0: one actor per available CPU but one, which the learner needs more (at least
     one actor)."""
     return args.num_actors or max(1, available_cpus() - 1)
 
 
-def setup_distributed(args: Args):
+def setup_distributed(args: RunArgs):
     """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE. Rank 0 hosts learner, replay and its actors; rank r
     > 0 is one remote actor linked to rank 0 by a gloo pair group (CPU tensors). Alone: world size
     1."""
@@ -1657,7 +1860,21 @@ def setup_distributed(args: Args):
     return device, groups
 
 
-def agree_on_actors(args: Args, segment: int, start_round: int) -> None:
+def seed_everything(args: RunArgs, device) -> None:
+    """Threads and seeds (the same on every rank); on the learner's GPU, cuBLAS and cuDNN follow
+    --torch-deterministic."""
+    torch.set_num_threads(args.torch_threads or 1)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    if device.type == "cuda":
+        # cuBLAS refuses deterministic mode without it
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(args.torch_deterministic)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+
+
+def agree_on_actors(args: RunArgs, segment: int, start_round: int) -> None:
     """Rank 0's run segment, first round and actor count decide every actor's index, env seeds,
     epsilon_i and first block: broadcast them."""
     shared = torch.tensor([segment, args.num_actors, start_round])
@@ -1670,7 +1887,81 @@ def agree_on_actors(args: Args, segment: int, start_round: int) -> None:
     args.num_buffers = args.num_buffers or 2 * args.total_actors + 2
 
 
-def finish_distributed(args: Args, exit_code: int, bridges: list) -> None:
+class RemoteLink:
+    """A remote actor's (rank > 0) way to the learner: its block goes to rank 0 through
+    torch.distributed (a gloo pair group); rank 0's bridge answers with [version] and parameters:
+    those of the version the deterministic schedule asks for, else the latest; version -1 means
+    stop."""
+
+    def __init__(self, args: RunArgs, spec, group, num_params: int):
+        self.buffer = {key: value[0] for key, value in block_buffers(args, spec, 1, shared=False).items()}
+        self.group = group
+        self.version = torch.zeros(1, dtype=torch.long)
+        self.flat = torch.zeros(num_params)
+        self.send(receive_only=True)
+
+    def beat(self) -> None:
+        """Nothing: a silent remote actor leaves rank 0's bridge waiting until --collective-timeout."""
+
+    def block(self) -> dict:
+        return self.buffer
+
+    def send(self, receive_only: bool = False) -> None:
+        for key in [] if receive_only else sorted(self.buffer):
+            dist.send(self.buffer[key], 0, group=self.group)
+        dist.recv(self.version, 0, group=self.group)
+        dist.recv(self.flat, 0, group=self.group)
+
+    def latest(self) -> int:
+        return int(self.version[0])
+
+    def params(self, out: torch.Tensor, version: Optional[int] = None) -> int:
+        out.copy_(self.flat)
+        return int(self.version[0])
+
+
+def remote_bridge(
+    actor: int, peer: int, group, args: RunArgs, buffers: dict, store: ParameterStore, free_q, full_q, control: dict
+) -> None:
+    """Rank 0's stand-in for the remote actor on rank `peer`: send it parameters, receive each of
+    its blocks into a free shared buffer and queue it like a local actor's, answer with the
+    parameters for its next block (or stop)."""
+    flat = torch.zeros_like(store.slots[0])
+    version = torch.zeros(1, dtype=torch.long)
+    scratch = None
+    schedule = Schedule(args)
+
+    def stopped() -> bool:
+        return control.get("stop", False)
+
+    try:
+        sequence = args.start_round
+        while True:
+            wanted = schedule.version_for(sequence)
+            version[0] = -1 if stopped() else store.read(flat, wanted, give_up=stopped)
+            dist.send(version, peer, group=group)
+            dist.send(flat, peer, group=group)
+            if version[0] < 0:
+                return
+            index = None
+            while index is None and not stopped():
+                try:
+                    index = free_q.get(timeout=0.2)
+                except queue.Empty:
+                    pass
+            # Stopping: take the block the actor is sending into a scratch copy, then answer "stop".
+            scratch = scratch or {key: value[0].clone() for key, value in buffers.items()}
+            target = scratch if index is None else {key: value[index] for key, value in buffers.items()}
+            for key in sorted(target):
+                dist.recv(target[key], peer, group=group)
+            if index is not None:
+                full_q.put(index)
+            sequence += 1
+    except Exception as e:  # noqa: BLE001 - any failure of the link ends the job
+        control.setdefault("error", f"remote actor {actor} (rank {peer}): {e!r}")
+
+
+def finish_distributed(args: RunArgs, exit_code: int, bridges: list) -> None:
     if args.world_size == 1:
         return
     if exit_code:
@@ -1682,107 +1973,5 @@ def finish_distributed(args: Args, exit_code: int, bridges: list) -> None:
     dist.destroy_process_group()
 
 
-def main(args: Args) -> int:
-    # first of all: a signal during start-up ends in a checkpoint (forked processes keep the handlers)
-    stop = install_stop_handlers()
-    # envpool's spaces warn that they cast their float64 bounds to float32
-    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
-    validate(args)
-    device, groups = setup_distributed(args)
-    args.num_actors = default_num_actors(args)
-    args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
-    run_dir = os.path.join("runs", args.run_name)
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-    torch.set_num_threads(args.torch_threads or 1)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    spec = envpool.make_spec(args.env_id)
-    num_params = sum(p.numel() for p in make_network(args, spec).parameters())
-    if args.rank > 0:
-        # a remote actor: its index follows the learner's local actors
-        agree_on_actors(args, 0, 0)
-        link = RemoteLink(args, spec, groups[args.rank], num_params)
-        actor_loop(args.num_actors + args.rank - 1, args, spec, link, local=False)
-        finish_distributed(args, 0, [])
-        return 0
-    if device.type == "cuda":
-        # cuBLAS refuses deterministic mode without it
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(args.torch_deterministic)
-        torch.backends.cudnn.deterministic = args.torch_deterministic
-    q_net = make_network(args, spec).to(device)
-    target_net = make_network(args, spec).to(device)
-    flat = flatten_parameters(q_net)
-    optimizer = torch.optim.Adam([flat], lr=args.learning_rate, eps=args.adam_eps)
-    progress = restore(args, q_net, optimizer, device, checkpoint_path, target_net)
-    agree_on_actors(args, progress["segment"], progress["round"] if args.deterministic else 0)
-    epsilon = torch.as_tensor(epsilons(args.epsilon, args.epsilon_alpha, args.total_actors * args.num_envs))
-    epsilon = epsilon.view(args.total_actors, -1)
-    rescaling = rescaling_eps(args, spec)
-    # episodes of these envs count for the threshold
-    counted_epsilon = max(args.threshold_epsilon, epsilon.min().item())
-    # Shared memory and actors first (fork before the learner computes anything), then the replay and logging.
-    buffers = block_buffers(args, spec, args.num_buffers)
-    store = ParameterStore(num_params)
-    store.publish(flat_params(q_net), args.start_round)
-    control = {}
-    heartbeats = Heartbeats(args.num_actors)
-    actors, bridges, free_q, full_q = start_actors(args, spec, groups, buffers, store, control, heartbeats)
-    exit_code = 0
-    # whatever ends this (an exception too: a replay too large), no actor outlives it: they ignore exit's SIGTERM
-    try:
-        fields = {key: buffers[key][0, 0] for key in SEQUENCE_KEYS}
-        replay = PrioritizedReplay(args.buffer_size, fields, args.alpha, args.priority_eps, device)
-        segment_start = restore_replay(replay, progress, checkpoint_path)
-        rng = learner_rng(args, args.start_round)
-        writer = open_writer(args, run_dir, progress)
-        stats = new_stats(progress, args.start_round)
-        pending = {}
-        last_print = 0.0
-        saved_at = progress["update"]
-        clock = start_clock(progress)
-        while progress["global_step"] < args.total_timesteps:
-            # COLLECT: the next block into the replay (deterministic mode: by round, then actor)
-            round_, actor = divmod(args.start_round * args.total_actors + stats["blocks"], args.total_actors)
-            if args.deterministic and actor == 0 and restart_point(args, round_):
-                rng = learner_rng(args, round_)
-            index = next_block(args, actors, heartbeats, control, buffers, full_q, pending, (round_, actor))
-            finished = take_block(args, buffers, index, replay, free_q, epsilon, progress, stats)
-            # LEARN: as many updates as the rate limit allows
-            while updates_due(args, progress, replay, segment_start):
-                learner_step(args, q_net, target_net, optimizer, flat, replay, rng, progress, stats, rescaling)
-            # PUBLISH: parameters for the actors
-            publish(args, q_net, store, progress, stats)
-            # BOOKKEEPING: clocks, episodes (the least-exploring envs' count), logs, checkpoints
-            clock = advance_clock(progress, clock)
-            record_returns(progress, [ret for ret, _, eps in finished if eps <= counted_epsilon], spec.reward_threshold)
-            due = time.time() - last_print >= 2.0
-            log_update(
-                writer, progress, finished, learner_scalars(progress, stats, optimizer, replay, full_q) if due else {}
-            )
-            last_print = print_progress(progress, args.total_timesteps, last_print)
-            if stop["signal"] or checkpoint_due(args, progress, stats, saved_at):
-                write_checkpoint(args, checkpoint_path, progress, q_net, target_net, optimizer, replay, segment_start)
-                saved_at = progress["update"]
-            if stop["signal"]:
-                # SIGTERM/SIGUSR1 (SLURM preemption): saved above, exit cleanly
-                announce_stop(progress, checkpoint_path)
-                break
-        else:
-            # the loop ran to total_timesteps; the actors' CPU is the evaluation's now
-            clock = advance_clock(progress, clock)
-            stop_actors(actors, control)
-            write_summary(args, q_net, writer, progress, clock, device, run_dir, stats, replay)
-    except ActorDied as e:
-        print(f"{os.path.basename(sys.argv[0])}: error: {e}; stopping", file=sys.stderr, flush=True)
-        exit_code = 1
-    finally:
-        stop_actors(actors, control)
-    close_writer(args, writer)
-    finish_distributed(args, exit_code, bridges)
-    return exit_code
-
-
 if __name__ == "__main__":
-    sys.exit(main(tyro.cli(Args)))
+    sys.exit(main(tyro.cli(RunArgs)))

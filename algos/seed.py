@@ -10,8 +10,13 @@ torch.distributed send/recv.
 
   python algos/seed.py                                              # learner + one actor per core, CartPole-v1
   torchrun --standalone --nproc_per_node=3 algos/seed.py            # learner (+ local actors) and 2 remote actors
+
+The file reads top to bottom down to main(); below the "infrastructure" line are the flags, checks, the
+actors' health checks, checkpoints, signals, torchrun plumbing (the remote actors' links) and logging that
+keep a run alive, none of it SEED.
 """
 
+import contextlib
 import ctypes
 import hashlib
 import importlib
@@ -31,11 +36,11 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
 from typing import Literal, Optional
 
-# a rank under torchrun asks the kernel to kill it with its agent, whatever kills the agent (PR_SET_PDEATHSIG):
-# before the slow imports below, so that an agent killed while they run takes its ranks with it; ranks that no
-# longer use the agent's store would otherwise train on without it
+# under torchrun, die with the agent (prctl's PR_SET_PDEATHSIG), asked before the slow imports: see
+# "the torchrun death request" below the fold
+PR_SET_PDEATHSIG = 1
 if "TORCHELASTIC_RUN_ID" in os.environ:
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 import envpool
 import gymnasium as gym
@@ -51,19 +56,13 @@ from torch.utils.tensorboard import SummaryWriter
 
 @dataclass
 class Args:
-    # --- common to every distrl file ---
-    exp_name: str = "seed"  # the name of this experiment (part of the run name)
+    """The algorithm's and the environment's flags; the infrastructure's (checkpoints, timeouts, logging) are in
+    `Infra`, below the fold, and the command line takes both."""
+
+    # --- experiment and environment ---
     seed: int = 1  # seed of the experiment
-    torch_deterministic: bool = True  # deterministic CUDA kernels (the CPU kernels used here are anyway)
-    cuda: bool = True  # run the learner's inference and training on CUDA when it is available (actors have no model)
-    track: bool = False  # log to Weights & Biases as well as TensorBoard
-    wandb_project_name: str = "distrl"  # the wandb project name
-    wandb_entity: Optional[str] = None  # the wandb entity (team)
-    capture_video: bool = False  # write the first evaluation episode as runs/<run_name>/videos/eval_episode0.mp4
-    save_model: bool = False  # write the final weights (state_dict) to runs/<run_name>/model.pt
     env_id: str = "CartPole-v1"  # the envpool environment id
     total_timesteps: int = 400_000  # total environment steps consumed by the learner
-    eval_episodes: int = 10  # episodes of the final, greedy policy to evaluate at the end
     # --- algorithm ---
     # torso: 64-64 tanh MLP, Nature-CNN, or the paper's deep ResNet (auto: MLP for vectors, Nature-CNN for images)
     network: Literal["auto", "mlp", "nature", "resnet"] = "auto"
@@ -89,17 +88,11 @@ class Args:
     docs/seed.md, Defaults)"""
     clip_reward: float = 10.0  # scaled rewards are clipped to [-clip_reward, clip_reward]
     max_grad_norm: float = 0.5  # global grad-norm clip (paper: 40 for summed losses; see docs)
-    torch_threads: int = 0  # learner's torch threads, shared by its inference and training threads (0: 1)
-    env_threads: int = 0  # envpool threads per actor (0: 1)
     # --- distributed ---
     num_actors: int = 0  # actors beside the learner on rank 0 (0: one per CPU); other ranks are one more each
     num_buffers: int = 0  # unroll buffers (0: max(2 x unrolls per batch, unrolls per batch + 2 x actors))
     # dynamic batching: run inference when every actor waits, or this long after the first request
     inference_timeout_ms: float = 1.0
-    checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many updates (0: on signals only)
-    resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
-    collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
-    actor_timeout: float = 60.0  # seconds an actor may stay silent (stopped, hung; 5x that to start): the job ends
     # --- computed at run time ---
     world_size: int = field(default=1, init=False)
     rank: int = field(default=0, init=False)
@@ -108,65 +101,6 @@ class Args:
     total_actors: int = field(default=0, init=False)
     num_updates: int = field(default=0, init=False)
     run_name: str = field(default="", init=False)
-
-
-def fail(arg: str, message: str) -> None:
-    """Bad argument: one line naming it on stderr, exit code 2 (as argparse does)."""
-    print(f"{os.path.basename(sys.argv[0])}: error: --{arg.replace('_', '-')}: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def validate(args: Args) -> None:
-    # env seeds add offsets to the seed and must stay 32-bit
-    if not 0 <= args.seed < 2**30:
-        fail("seed", f"must be in [0, 2**30), got {args.seed}")
-    positive = ["total_timesteps", "num_envs", "unroll_length", "batch_size", "eval_episodes", "learning_rate"]
-    positive += ["rho_bar", "c_bar", "rmsprop_eps", "adam_eps", "clip_reward", "collective_timeout"]
-    # max_grad_norm 0 would clip every gradient to zero: refused, not taken as "off"
-    positive += ["max_grad_norm"]
-    for name in positive:
-        if getattr(args, name) <= 0:
-            fail(name, f"must be positive, got {getattr(args, name)}")
-    # a pause of the inference thread's own over half the timeout (the whole job suspended) restarts the silence
-    # count, and it looks at its actors between forward passes (every 0.2 s while it waits): a shorter timeout
-    # might never fire
-    if args.actor_timeout < 2:
-        fail("actor_timeout", f"must be at least 2 s, got {args.actor_timeout}")
-    not_negative = ["torch_threads", "env_threads", "num_actors", "num_buffers", "checkpoint_every", "ent_coef"]
-    not_negative += ["vf_coef", "inference_timeout_ms"]
-    for name in not_negative:
-        if getattr(args, name) < 0:
-            fail(name, f"must not be negative, got {getattr(args, name)}")
-    for name in ["gamma", "vtrace_lambda", "rmsprop_alpha"]:
-        if not 0.0 < getattr(args, name) <= 1.0:
-            fail(name, f"must be in (0, 1], got {getattr(args, name)}")
-    if args.batch_size % args.num_envs:
-        fail("batch_size", f"{args.batch_size} is not a multiple of --num-envs {args.num_envs}")
-    # Every actor always holds the buffer it is filling, and the single inference thread waits for a free one
-    # when an actor's unroll completes: with fewer than actors + unrolls - 1 buffers the learner can never gather
-    # a batch while every actor waits (a deadlock), so such a count is refused.
-    unrolls = args.batch_size // args.num_envs
-    actors = default_num_actors(args) + int(os.environ.get("WORLD_SIZE", "1")) - 1
-    if args.num_buffers and args.num_buffers < actors + unrolls - 1:
-        needs = f"{actors} actors and {unrolls} unrolls per batch need at least {actors + unrolls - 1}"
-        fail("num_buffers", f"{args.num_buffers} is too few: {needs}")
-    if args.env_id not in envpool.list_all_envs():
-        fail("env_id", f"'{args.env_id}' is not an envpool environment")
-    env_family = envpool.registration.registry.specs[args.env_id][0]
-    if args.capture_video and env_family not in ("envpool.atari", "envpool.classic_control"):
-        # envpool renders MuJoCo through a GPU context: without one, its render() ends the process
-        fail("capture_video", f"'{args.env_id}' is not Atari or classic control, the envs recorded here")
-    spec = envpool.make_spec(args.env_id)
-    obs_space = spec.observation_space
-    act_space = spec.action_space
-    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
-        fail("env_id", f"'{args.env_id}' has observation space {obs_space}; SEED here needs a flat or image Box")
-    if not isinstance(act_space, gym.spaces.Discrete):
-        fail("env_id", f"'{args.env_id}' has action space {act_space}; SEED here needs Discrete actions")
-    if args.network in ("nature", "resnet") and len(obs_space.shape) != 3:
-        fail("network", f"'{args.network}' needs image observations; '{args.env_id}' has {obs_space.shape}")
-    if args.network == "mlp" and len(obs_space.shape) != 1:
-        fail("network", f"'mlp' needs flat observations; '{args.env_id}' has {obs_space.shape}")
 
 
 # ----------------------------------------------------------------------------------------------- environment
@@ -483,6 +417,19 @@ def unroll_buffers(args: Args, spec, num_buffers: int, state_width: int) -> dict
     return buffers
 
 
+class UnrollQueue:
+    """The unrolls between the inference thread, which fills them, and the training thread, which
+    consumes them: the buffers and bounded queues of the free and the full buffers' indices, every
+    buffer free at first."""
+
+    def __init__(self, args: Args, spec, num_buffers: int, state_width: int):
+        self.buffers = unroll_buffers(args, spec, num_buffers, state_width)
+        self.free_q = queue.Queue(maxsize=num_buffers)
+        self.full_q = queue.Queue(maxsize=num_buffers)
+        for k in range(num_buffers):
+            self.free_q.put(k)
+
+
 def actor_slots(args: Args, spec, num_actors: int) -> dict:
     """One request/response slot per actor in shared memory: the observation, what the last step
     gave (reward, terminated, done, discounted return so far, return and length of an episode that
@@ -506,13 +453,8 @@ def actor_loop(actor: int, args: Args, slots: dict, conn, group=None, start_upda
     the learner for actions, step the envs. Local actors signal through a pipe (`conn`); a remote
     actor (rank > 0) sends its slot to rank 0 and receives the actions through torch.distributed
     (`group`, a pair group with rank 0)."""
-    if group is None:
-        # a local actor process: die with the learner (PR_SET_PDEATHSIG)
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-    # Local or remote (torchrun sends SIGTERM to every rank, Ctrl-C reaches every process): the learner turns the
-    # signal into a checkpoint and then answers every actor with "stop", so an actor must not die of it first.
-    for signal_number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
-        signal.signal(signal_number, signal.SIG_IGN)
+    # a local actor dies with the learner; local or remote, it leaves the stop signals to the learner
+    tie_to_learner(die_with_parent=group is None)
     torch.set_num_threads(1)
     num_envs = args.num_envs
     envs = make_env(args.env_id, num_envs, env_seed(args, actor, start_update), args.env_threads or 1)
@@ -555,64 +497,29 @@ def actor_loop(actor: int, args: Args, slots: dict, conn, group=None, start_upda
         previous_done = done
 
 
-def remote_bridge(actor: int, peer: int, group, slots: dict, conn, control: dict) -> None:
-    """Rank 0's stand-in for the remote actor on rank `peer`: receive its request into the actor's
-    slot, pass it to the inference thread like a local actor would, send the actions back."""
-    try:
-        while True:
-            dist.recv(slots["obs"][actor], peer, group=group)
-            dist.recv(slots["step"][actor], peer, group=group)
-            conn.send_bytes(b"")
-            conn.recv_bytes()
-            # what was sent decides: the learner may write "stop" meanwhile
-            actions = slots["actions"][actor].clone()
-            dist.send(actions, peer, group=group)
-            if actions[0] < 0:
-                return
-    # any failure of the link ends the job
-    except Exception as error:  # noqa: BLE001
-        control.setdefault("error", (actor, f"lost its link: {error!r}"))
-
-
-# the times --actor-timeout an actor may take to build its envs before its first request
-STARTUP_GRACE = 5
-
-
 def inference_loop(
-    agent: Agent,
-    lock,
-    args: Args,
-    slots: dict,
-    conns: list,
-    buffers: dict,
-    free_q,
-    full_q,
-    control: dict,
-    device,
-    generator,
+    agent: Agent, lock, args: Args, slots: dict, conns: list, unroll_queue, control: dict, generator
 ) -> None:
     """The learner's inference thread. Dynamic batching: wait for requests; run one batched forward
     pass when every actor waits or inference_timeout_ms after the first request. The LSTM state of
     every env lives here. Each answered request also extends that actor's unroll (extend_unroll); a
     finished unroll goes to the training thread. An actor that was answered and has not asked again
     within actor_timeout (stopped or hung, while its process lives on) ends the job, as does one that
-    has not asked at all within STARTUP_GRACE times it."""
+    has not asked at all within a start-up grace (the watch, below the fold)."""
+    device = next(agent.parameters()).device
     num_actors = len(conns)
     num_envs = args.num_envs
     state = agent.initial_state(num_actors * num_envs, device).view(2, num_actors, num_envs, -1)
     # per actor: the buffer its unroll fills, the step t within it, the unroll's sequence number
-    unrolls = {"buffer": [free_q.get() for _ in range(num_actors)], "t": [0] * num_actors, "sequence": [0] * num_actors}
+    free = [unroll_queue.free_q.get() for _ in range(num_actors)]
+    unrolls = {"buffer": free, "t": [0] * num_actors, "sequence": [0] * num_actors}
     # read but not answered yet: the learner answers these with "stop" at the end
     waiting = []
     control["waiting"] = waiting
     first_request = 0.0
     timeout = args.inference_timeout_ms / 1000
-    answered_at = [time.monotonic()] * num_actors
-    # the actors that have asked once: before its first request an actor builds its envs, which may take
-    # STARTUP_GRACE times the timeout (a machine with many more actors than cores starts them slowly)
-    asked = set()
-    # when this loop last looked: a pause of its own (backpressure, the job suspended) restarts the count
-    looked = time.monotonic()
+    # when each actor was last answered and whether it has asked at all: a silent actor ends the job
+    watch = ActorWatch(num_actors, args.actor_timeout)
     while not control.get("stop"):
         # an empty `idle` means that every actor waits: run now
         idle = [conn for actor, conn in enumerate(conns) if actor not in waiting]
@@ -628,21 +535,10 @@ def inference_loop(
             if not waiting:
                 first_request = time.time()
             waiting.append(actor)
-            asked.add(actor)
-        now = time.monotonic()
-        if now - looked > args.actor_timeout / 2:
-            answered_at = [now] * num_actors
-        looked = now
-        asking = set(waiting)
-        for actor in range(num_actors):
-            if actor in asked and actor not in asking and now - answered_at[actor] > args.actor_timeout:
-                control.setdefault("error", (actor, f"silent for {args.actor_timeout:g} s (stopped or hung)"))
-                return
-            if actor not in asked and now - answered_at[actor] > STARTUP_GRACE * args.actor_timeout:
-                grace = STARTUP_GRACE * args.actor_timeout
-                why = f"not started after {grace:g} s, {STARTUP_GRACE} x --actor-timeout (stopped or hung)"
-                control.setdefault("error", (actor, why))
-                return
+        silent = watch.silent_actor(waiting)
+        if silent is not None:
+            control.setdefault("error", silent)
+            return
         if not waiting or (len(waiting) < num_actors and time.time() < first_request + timeout):
             continue
         inference_start = time.time()
@@ -666,11 +562,11 @@ def inference_loop(
         # answer first, then do the bookkeeping while the actors step
         for actor in requesters:
             conns[actor].send_bytes(b"")
-            answered_at[actor] = time.monotonic()
+            watch.answered(actor)
         for i, actor in enumerate(requesters):
             answered = {"obs": obs[i], "step": step[i], "logits": logits[i], "actions": action[i], "valid": valid[i]}
             answered.update(state=state_before[:, i], version=version)
-            if not extend_unroll(args, buffers, unrolls, actor, answered, free_q, full_q, control):
+            if not extend_unroll(args, unroll_queue, unrolls, actor, answered, control):
                 waiting.clear()
                 return
         control["stats"]["inference_batch_mean"].append(len(requesters) * num_envs)
@@ -679,11 +575,12 @@ def inference_loop(
         waiting.clear()
 
 
-def extend_unroll(args: Args, buffers: dict, unrolls: dict, actor: int, answered: dict, free_q, full_q, control):
+def extend_unroll(args: Args, unroll_queue, unrolls: dict, actor: int, answered: dict, control: dict):
     """Add one answered request of `actor` to its unroll: what its previous action gave, then this
     step (x_t, the behaviour logits, the action, valid). A complete unroll goes to the training
     thread (its x_T is also x_0 of the next one), which takes a free buffer, waiting for one:
     backpressure on every actor. Returns False when the learner stopped meanwhile."""
+    buffers = unroll_queue.buffers
     k = unrolls["buffer"][actor]
     t = unrolls["t"][actor]
     if t > 0:
@@ -691,10 +588,10 @@ def extend_unroll(args: Args, buffers: dict, unrolls: dict, actor: int, answered
             buffers[key][k, t - 1] = answered["step"][:, j]
     if t == args.unroll_length:
         buffers["obs"][k, t] = answered["obs"]
-        full_q.put(k)
+        unroll_queue.full_q.put(k)
         while True:
             try:
-                k = free_q.get(timeout=0.5)
+                k = unroll_queue.free_q.get(timeout=0.5)
                 break
             except queue.Empty:
                 if control.get("stop"):
@@ -709,10 +606,6 @@ def extend_unroll(args: Args, buffers: dict, unrolls: dict, actor: int, answered
         buffers[key][k, t] = answered[key]
     unrolls["t"][actor] = t + 1
     return True
-
-
-class ActorDied(RuntimeError):
-    """An actor (or, in SEED, the link to it) is gone: the job ends non-zero."""
 
 
 def start_actors(args: Args, slots: dict, start_update: int):
@@ -747,40 +640,18 @@ def stop_actors(actors: list) -> None:
     signal.signal(signal.SIGINT, previous_handler)
 
 
-def start_bridges(args: Args, groups: dict, slots: dict, pipes: list, control: dict) -> list:
-    """Rank 0's threads standing in for the remote actors, one per rank > 0 (actor indices after the
-    local ones)."""
-    bridges = []
-    for rank in range(1, args.world_size):
-        actor = args.num_actors + rank - 1
-        bridge_args = (actor, rank, groups[rank], slots, pipes[actor][1], control)
-        bridges.append(threading.Thread(target=remote_bridge, args=bridge_args, daemon=True))
-    for bridge in bridges:
-        bridge.start()
-    return bridges
-
-
-def start_inference(args: Args, agent: Agent, lock, slots, pipes, buffers, num_buffers, control, device, start_update):
-    """The inference thread, with bounded free/full index queues between it and the training thread,
-    every buffer free; it draws actions from a generator seeded as one more actor would be. Returns
-    (inference, free_q, full_q)."""
-    free_q = queue.Queue(maxsize=num_buffers)
-    full_q = queue.Queue(maxsize=num_buffers)
-    for k in range(num_buffers):
-        free_q.put(k)
+def start_inference(
+    args: Args, agent: Agent, lock, slots: dict, pipes: list, unroll_queue, control: dict, start_update
+):
+    """The inference thread, between the actors' pipes and the unroll queue of the training thread; it
+    draws actions from a generator seeded as one more actor would be. Returns the thread."""
+    device = next(agent.parameters()).device
     generator = torch.Generator(device=device).manual_seed(env_seed(args, args.total_actors, start_update))
     conns = [learner_end for learner_end, _ in pipes]
-    inference_args = (agent, lock, args, slots, conns, buffers, free_q, full_q, control, device, generator)
+    inference_args = (agent, lock, args, slots, conns, unroll_queue, control, generator)
     inference = threading.Thread(target=inference_loop, args=inference_args, daemon=True)
     inference.start()
-    return inference, free_q, full_q
-
-
-def actor_name(args: Args, actors: list, actor: int) -> str:
-    """An actor as an error names it: a local one by its process, a remote one by its rank."""
-    if actor < args.num_actors:
-        return f"actor {actor} (pid {actors[actor].pid})"
-    return f"remote actor {actor} (rank {actor - args.num_actors + 1})"
+    return inference
 
 
 def next_batch(args: Args, full_q, actors: list, inference, control: dict) -> list:
@@ -792,15 +663,8 @@ def next_batch(args: Args, full_q, actors: list, inference, control: dict) -> li
             chosen.append(full_q.get(timeout=0.5))
         except queue.Empty:
             pass
-        # checked at every unroll: the other actors may keep the queue busy
-        for actor, process in enumerate(actors):
-            if process.exitcode is not None:
-                raise ActorDied(f"actor {actor} (pid {process.pid}) exited with code {process.exitcode}")
-        if "error" in control:
-            actor, why = control["error"]
-            raise ActorDied(f"{actor_name(args, actors, actor)} {why}")
-        if not inference.is_alive():
-            raise ActorDied("the inference thread stopped")
+        # checked at every unroll, the other actors may keep the queue busy: dead, silent, a lost link
+        check_actors(args, actors, inference, control)
     return chosen
 
 
@@ -823,11 +687,10 @@ def take_batch(buffers: dict, indices: list, free_q, device):
     return batch, returns, versions, finished
 
 
-def learner_step(args: Args, agent: Agent, optimizer, flat: torch.Tensor, batch: dict, returns, lock, control, version):
-    """One update: rewards scaled by the statistics before this batch, the V-trace loss and its
-    gradient, then this batch's discounted returns merged into the reward scaler; the clip, and the
-    optimizer's step under the lock that the inference thread holds for its forward pass, so that it
-    never acts with half-updated parameters and knows them as `version`. Returns the losses."""
+def learner_step(args: Args, agent: Agent, optimizer, flat: torch.Tensor, batch: dict, returns):
+    """One update up to the optimizer's step: rewards scaled by the statistics before this batch, the
+    V-trace loss and its gradient, then this batch's discounted returns merged into the reward scaler;
+    the clip. The optimizer's step comes next, in step_and_publish. Returns the losses."""
     return_rms = agent.return_rms
     if return_rms is not None:
         batch["rewards"] = scale_rewards(batch["rewards"], return_rms, args.clip_reward)
@@ -839,10 +702,15 @@ def learner_step(args: Args, agent: Agent, optimizer, flat: torch.Tensor, batch:
         moments = rms_moments(returns.to(flat.device), batch["valid"].reshape(-1), return_rms.mean)
         return_rms.load(*rms_merge(return_rms.mean, return_rms.var, return_rms.count, moments))
     torch.nn.utils.clip_grad_norm_([flat], args.max_grad_norm)
+    return losses
+
+
+def step_and_publish(optimizer, lock, control: dict, version: int) -> None:
+    """The optimizer's step under the lock that the inference thread holds for its forward pass, so
+    that it never acts with half-updated parameters and knows them as `version`."""
     with lock:
         optimizer.step()
         control["version"] = version
-    return losses
 
 
 def learning_rate(args: Args, update: int) -> float:
@@ -877,6 +745,343 @@ def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device, video_
         video.close()
     envs.close()
     return returns
+
+
+# ----------------------------------------------------------------------------------------------- main
+def main(args: Args) -> int:
+    # stop signals, flag checks, torchrun's process group (rank 0 the learner, every other rank one remote actor),
+    # seeds and threads: all below the fold
+    run = Run(args)
+    device = run.device
+    args.num_actors = default_num_actors(args)
+    args.total_actors = args.num_actors + args.world_size - 1
+    args.unrolls_per_batch = args.batch_size // args.num_envs
+    num_buffers = args.num_buffers or max(2 * args.unrolls_per_batch, args.unrolls_per_batch + 2 * args.total_actors)
+    args.num_updates = max(1, args.total_timesteps // (args.batch_size * args.unroll_length))
+    spec = envpool.make_spec(args.env_id)
+    if args.rank > 0:
+        return run_remote_actor(args, spec, run.groups)
+    if args.norm_reward is None:
+        args.norm_reward = len(spec.observation_space.shape) != 3
+    agent = Agent(spec.observation_space.shape, spec.action_space.n, args.network, args.use_lstm, args.norm_reward)
+    agent = agent.to(device)
+    flat = flatten_parameters(agent)
+    optimizer = make_optimizer(args, flat)
+    # fresh progress, or a checkpoint's with --resume (weights and optimizer state loaded in place; its update
+    # goes to the remote actors, whose env seeds depend on it)
+    progress = run.restore(agent, optimizer)
+    start_update = progress["update"]
+
+    # Actor processes first (fork before the learner computes anything), then the bridges and the inference thread.
+    slots = actor_slots(args, spec, args.total_actors)
+    inference_stats = {"inference_batch_mean": [], "inference_latency_ms": [], "actor_wait_ms": []}
+    control = {"version": start_update, "stats": inference_stats}
+    actors, pipes = start_actors(args, slots, start_update)
+    # whatever ends the loop (an exception too), no actor outlives it; a dead or silent actor ends the run
+    with run.actors_running(actors, control):
+        bridges = start_bridges(args, run.groups, slots, pipes, control)
+        unroll_queue = UnrollQueue(args, spec, num_buffers, agent.initial_state(1).shape[-1])
+        lock = threading.Lock()
+        inference = start_inference(args, agent, lock, slots, pipes, unroll_queue, control, start_update)
+        run.start_training()
+        for update in range(start_update, args.num_updates):
+            # COLLECT: the first unrolls that the inference thread completed
+            indices = next_batch(args, unroll_queue.full_q, actors, inference, control)
+            run.lap("wait")
+            batch, returns, versions, finished = take_batch(unroll_queue.buffers, indices, unroll_queue.free_q, device)
+            # LEARN: V-trace on the batch
+            optimizer.param_groups[0]["lr"] = learning_rate(args, update)
+            losses = learner_step(args, agent, optimizer, flat, batch, returns)
+            # PUBLISH: the optimizer's step, under the inference thread's lock, as version update + 1
+            step_and_publish(optimizer, lock, control, update + 1)
+            run.lap("learn")
+            # BOOKKEEPING: clocks, policy lag (learner version minus the batch's), the inference thread's figures,
+            # episodes, logs, checkpoints; a stop signal ends the loop after a checkpoint
+            if run.end_update(losses, versions, finished, unroll_queue.full_q, control):
+                break
+    # the inference thread's end, the final evaluation and summary.json (unless a signal or an actor stopped the
+    # run), the writer; then "stop" for every remote actor, and the process group
+    return run.finish(inference, slots, pipes, bridges, control)
+
+
+# ==== infrastructure: flags, actors' health, checkpoints, signals, torchrun, logging; nothing below is SEED ====
+@dataclass
+class Infra:
+    """The flags that keep a run alive, watched, reproducible and resumable, not what it learns."""
+
+    exp_name: str = "seed"  # the name of this experiment (part of the run name)
+    torch_deterministic: bool = True  # deterministic CUDA kernels (the CPU kernels used here are anyway)
+    cuda: bool = True  # run the learner's inference and training on CUDA when it is available (actors have no model)
+    track: bool = False  # log to Weights & Biases as well as TensorBoard
+    wandb_project_name: str = "distrl"  # the wandb project name
+    wandb_entity: Optional[str] = None  # the wandb entity (team)
+    capture_video: bool = False  # write the first evaluation episode as runs/<run_name>/videos/eval_episode0.mp4
+    save_model: bool = False  # write the final weights (state_dict) to runs/<run_name>/model.pt
+    eval_episodes: int = 10  # episodes of the final, greedy policy to evaluate at the end
+    torch_threads: int = 0  # learner's torch threads, shared by its inference and training threads (0: 1)
+    env_threads: int = 0  # envpool threads per actor (0: 1)
+    checkpoint_every: int = 0  # write runs/<run_name>/checkpoint.pt every this many updates (0: on signals only)
+    resume: bool = False  # continue from runs/<run_name>/checkpoint.pt when it exists
+    collective_timeout: float = 600.0  # seconds a rank waits for another before it fails (torch's default: 1800)
+    actor_timeout: float = 60.0  # seconds an actor may stay silent (stopped, hung; 5x that to start): the job ends
+
+
+# every flag of the command line, the algorithm's first (in --help too)
+@dataclass
+class RunArgs(Infra, Args):
+    pass
+
+
+# a checkpoint of another format version ends the run with exit 2 (read_checkpoint)
+CHECKPOINT_VERSION = 1
+
+
+class Run:
+    """The infrastructure of one run, as main() uses it: set-up, restore, the actors' end, clocks, the
+    bookkeeping of each update (policy lag, the inference thread's figures, episodes, TensorBoard, progress
+    lines, checkpoints, stop signals) and the end (the final evaluation, summary.json, the remote actors'
+    stop, closing the writer and the process group)."""
+
+    def __init__(self, args: RunArgs):
+        # first of all: a signal during start-up ends in a checkpoint (forked processes keep the handlers)
+        self.stop = install_stop_handlers()
+        # envpool's spaces warn about it
+        warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
+        validate(args)
+        self.device, self.groups = setup_distributed(args)
+        args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
+        self.run_dir = os.path.join("runs", args.run_name)
+        self.checkpoint_path = os.path.join(self.run_dir, "checkpoint.pt")
+        seed_everything(args, self.device)
+        self.args = args
+        self.threshold = envpool.make_spec(args.env_id).reward_threshold
+        self.writer = None
+        self.stopped = False
+        self.exit_code = 0
+
+    def restore(self, agent, optimizer) -> dict:
+        """Fresh progress, or the checkpoint's with --resume (the weights and optimizer state loaded in place),
+        whose update (the restart point) goes to the remote actors. The run keeps agent and optimizer for its
+        checkpoints and summary."""
+        self.agent = agent
+        self.optimizer = optimizer
+        self.progress = restore(self.args, agent, optimizer, self.device, self.checkpoint_path)
+        # rank 0 sends its update; the remote actors receive it (agree_on_start in run_remote_actor)
+        agree_on_start(self.args, self.progress["update"])
+        return self.progress
+
+    @contextlib.contextmanager
+    def actors_running(self, actors: list, control: dict):
+        """Around the training loop: a dead or silent actor, a lost link or a stopped inference thread
+        (ActorDied) ends the run with one line and exit code 1; whatever ends it, the inference thread is told
+        to stop and every local actor is killed and reaped (they ignore the SIGTERM of exit)."""
+        try:
+            yield
+            # training time ends with the loop (the final evaluation counts in wall time only)
+            self.clock = advance_clock(self.progress, self.clock)
+        except ActorDied as error:
+            print(f"{os.path.basename(sys.argv[0])}: error: {error}; stopping", file=sys.stderr, flush=True)
+            self.exit_code = 1
+        finally:
+            control["stop"] = True
+            stop_actors(actors)
+
+    def start_training(self) -> None:
+        """The writer (after the fork: its thread must not be copied into the actors), then training time
+        counts from here (start-up is reported on its own)."""
+        self.writer = open_writer(self.args, self.run_dir, self.progress)
+        self.stats = new_stats()
+        self.last_print = 0.0
+        self.clock = start_clock(self.progress)
+        self.lap_start = time.time()
+        self.lap_times = {}
+
+    def lap(self, name: str) -> None:
+        """The time since the previous lap (or the start of the update) as this update's `name` time."""
+        now = time.time()
+        self.lap_times[name] = now - self.lap_start
+        self.lap_start = now
+
+    def end_update(self, losses: torch.Tensor, versions, finished: list, full_q, control: dict) -> bool:
+        """One update's bookkeeping: the counters, the clocks, the policy lag (the learner's version minus the
+        batch's mean), the inference thread's figures since the last update, the episodes that ended in the
+        batch, the log and progress line, a checkpoint when due or asked for. Returns True when a stop signal
+        came (checkpoint written: the loop ends)."""
+        args = self.args
+        progress = self.progress
+        stats = self.stats
+        update = progress["update"]
+        progress["update"] = update + 1
+        progress["global_step"] += args.batch_size * args.unroll_length
+        self.clock = advance_clock(progress, self.clock)
+        record_lag(progress, stats, update - versions.double().mean().item())
+        stats["wait_s"] = self.lap_times["wait"]
+        stats["learn_s"] = self.lap_times["learn"]
+        stats["losses"] = losses
+        take_inference_stats(control, stats, progress)
+        record_returns(progress, [episode_return for episode_return, _ in finished], self.threshold)
+        log_update(self.writer, progress, finished, learner_scalars(progress, stats, self.optimizer, full_q))
+        self.last_print = print_progress(progress, args.num_updates, self.last_print)
+        # SIGTERM/SIGUSR1 (SLURM preemption): save, then exit cleanly
+        self.stopped = self.stop["signal"] != 0
+        due = args.checkpoint_every and progress["update"] % args.checkpoint_every == 0
+        if self.stopped or due:
+            checkpoint = {**progress, "model": self.agent.state_dict(), "optimizer": self.optimizer.state_dict()}
+            save_checkpoint(self.checkpoint_path, checkpoint)
+        if self.stopped:
+            announce_stop(progress, self.checkpoint_path)
+        self.lap_start = time.time()
+        return self.stopped
+
+    def finish(self, inference, slots: dict, pipes: list, bridges: list, control: dict) -> int:
+        """The inference thread's end; the final evaluation and summary (also after resuming a checkpoint of the
+        last update; not after a stop signal or a dead actor), the writer and wandb; "stop" for every remote
+        actor, and the process group. Returns the exit code."""
+        args = self.args
+        inference.join(timeout=10)
+        if self.exit_code == 0 and not self.stopped:
+            write_summary(args, self.agent, self.writer, self.progress, self.clock, self.device, self.run_dir)
+        close_writer(args, self.writer)
+        if not self.exit_code:
+            stop_remote_actors(args, slots, pipes, bridges, control)
+        finish_distributed(args, self.exit_code)
+        return self.exit_code
+
+
+# ----------------------------------------------------------------------------------------------- actors' health
+class ActorDied(RuntimeError):
+    """An actor (or, in SEED, the link to it) is gone: the job ends non-zero."""
+
+
+def tie_to_learner(die_with_parent: bool = True) -> None:
+    """An actor: it dies with its learner, whatever kills the learner (PR_SET_PDEATHSIG; a remote actor is a
+    rank of its own, which torchrun stops), and it ignores the stop signals: torchrun sends SIGTERM to every
+    rank and Ctrl-C reaches every process, the learner turns the signal into a checkpoint and then answers
+    every actor with "stop", so an actor must not die of it first."""
+    if die_with_parent:
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    for signal_number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(signal_number, signal.SIG_IGN)
+
+
+class ActorWatch:
+    """The inference thread's look at its actors: an actor that was answered and has not asked again within
+    the timeout (stopped or hung, while its process lives on) is silent, as is one that has not asked at
+    all within STARTUP_GRACE times it. When the loop itself was away for over half of the timeout
+    (backpressure, the whole job suspended), silence counts from its return."""
+
+    # before its first request an actor builds its envs, which may take this many times the timeout (a machine
+    # with many more actors than cores starts them slowly)
+    STARTUP_GRACE = 5
+
+    def __init__(self, num_actors: int, timeout: float):
+        self.timeout = timeout
+        self.answered_at = [time.monotonic()] * num_actors
+        # the actors that have asked once
+        self.asked = set()
+        # when the loop last looked
+        self.looked = time.monotonic()
+
+    def answered(self, actor: int) -> None:
+        self.answered_at[actor] = time.monotonic()
+
+    def silent_actor(self, waiting: list) -> Optional[tuple]:
+        """The first silent actor and why, or None; `waiting`: the actors whose requests were read and not
+        answered yet."""
+        self.asked.update(waiting)
+        now = time.monotonic()
+        if now - self.looked > self.timeout / 2:
+            self.answered_at = [now] * len(self.answered_at)
+        self.looked = now
+        asking = set(waiting)
+        grace = self.STARTUP_GRACE * self.timeout
+        for actor, answered_at in enumerate(self.answered_at):
+            if actor in self.asked and actor not in asking and now - answered_at > self.timeout:
+                return actor, f"silent for {self.timeout:g} s (stopped or hung)"
+            if actor not in self.asked and now - answered_at > grace:
+                return actor, f"not started after {grace:g} s, {self.STARTUP_GRACE} x --actor-timeout (stopped or hung)"
+        return None
+
+
+def actor_name(args: RunArgs, actors: list, actor: int) -> str:
+    """An actor as an error names it: a local one by its process, a remote one by its rank."""
+    if actor < args.num_actors:
+        return f"actor {actor} (pid {actors[actor].pid})"
+    return f"remote actor {actor} (rank {actor - args.num_actors + 1})"
+
+
+def check_actors(args: RunArgs, actors: list, inference, control: dict) -> None:
+    """The learner's look at its actors while it waits: ActorDied when a local actor has exited, the
+    inference thread found an actor silent or a bridge lost its link (control's "error"), or the inference
+    thread itself stopped."""
+    for actor, process in enumerate(actors):
+        if process.exitcode is not None:
+            raise ActorDied(f"actor {actor} (pid {process.pid}) exited with code {process.exitcode}")
+    if "error" in control:
+        actor, why = control["error"]
+        raise ActorDied(f"{actor_name(args, actors, actor)} {why}")
+    if not inference.is_alive():
+        raise ActorDied("the inference thread stopped")
+
+
+# ----------------------------------------------------------------------------------------------- checks
+def fail(arg: str, message: str) -> None:
+    """Bad argument: one line naming it on stderr, exit code 2 (as argparse does)."""
+    print(f"{os.path.basename(sys.argv[0])}: error: --{arg.replace('_', '-')}: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def validate(args: RunArgs) -> None:
+    # env seeds add offsets to the seed and must stay 32-bit
+    if not 0 <= args.seed < 2**30:
+        fail("seed", f"must be in [0, 2**30), got {args.seed}")
+    positive = ["total_timesteps", "num_envs", "unroll_length", "batch_size", "eval_episodes", "learning_rate"]
+    positive += ["rho_bar", "c_bar", "rmsprop_eps", "adam_eps", "clip_reward", "collective_timeout"]
+    # max_grad_norm 0 would clip every gradient to zero: refused, not taken as "off"
+    positive += ["max_grad_norm"]
+    for name in positive:
+        if getattr(args, name) <= 0:
+            fail(name, f"must be positive, got {getattr(args, name)}")
+    # a pause of the inference thread's own over half the timeout (the whole job suspended) restarts the silence
+    # count, and it looks at its actors between forward passes (every 0.2 s while it waits): a shorter timeout
+    # might never fire
+    if args.actor_timeout < 2:
+        fail("actor_timeout", f"must be at least 2 s, got {args.actor_timeout}")
+    not_negative = ["torch_threads", "env_threads", "num_actors", "num_buffers", "checkpoint_every", "ent_coef"]
+    not_negative += ["vf_coef", "inference_timeout_ms"]
+    for name in not_negative:
+        if getattr(args, name) < 0:
+            fail(name, f"must not be negative, got {getattr(args, name)}")
+    for name in ["gamma", "vtrace_lambda", "rmsprop_alpha"]:
+        if not 0.0 < getattr(args, name) <= 1.0:
+            fail(name, f"must be in (0, 1], got {getattr(args, name)}")
+    if args.batch_size % args.num_envs:
+        fail("batch_size", f"{args.batch_size} is not a multiple of --num-envs {args.num_envs}")
+    # Every actor always holds the buffer it is filling, and the single inference thread waits for a free one
+    # when an actor's unroll completes: with fewer than actors + unrolls - 1 buffers the learner can never gather
+    # a batch while every actor waits (a deadlock), so such a count is refused.
+    unrolls = args.batch_size // args.num_envs
+    actors = default_num_actors(args) + int(os.environ.get("WORLD_SIZE", "1")) - 1
+    if args.num_buffers and args.num_buffers < actors + unrolls - 1:
+        needs = f"{actors} actors and {unrolls} unrolls per batch need at least {actors + unrolls - 1}"
+        fail("num_buffers", f"{args.num_buffers} is too few: {needs}")
+    if args.env_id not in envpool.list_all_envs():
+        fail("env_id", f"'{args.env_id}' is not an envpool environment")
+    env_family = envpool.registration.registry.specs[args.env_id][0]
+    if args.capture_video and env_family not in ("envpool.atari", "envpool.classic_control"):
+        # envpool renders MuJoCo through a GPU context: without one, its render() ends the process
+        fail("capture_video", f"'{args.env_id}' is not Atari or classic control, the envs recorded here")
+    spec = envpool.make_spec(args.env_id)
+    obs_space = spec.observation_space
+    act_space = spec.action_space
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
+        fail("env_id", f"'{args.env_id}' has observation space {obs_space}; SEED here needs a flat or image Box")
+    if not isinstance(act_space, gym.spaces.Discrete):
+        fail("env_id", f"'{args.env_id}' has action space {act_space}; SEED here needs Discrete actions")
+    if args.network in ("nature", "resnet") and len(obs_space.shape) != 3:
+        fail("network", f"'{args.network}' needs image observations; '{args.env_id}' has {obs_space.shape}")
+    if args.network == "mlp" and len(obs_space.shape) != 1:
+        fail("network", f"'mlp' needs flat observations; '{args.env_id}' has {obs_space.shape}")
 
 
 # ----------------------------------------------------------------------------------------------- bookkeeping
@@ -1017,9 +1222,11 @@ def print_progress(progress: dict, num_updates: int, last_print: float) -> float
     return now
 
 
+# ----------------------------------------------------------------------------------------------- checkpoints
 def save_checkpoint(path: str, payload: dict) -> None:
     """Atomic: write a temporary file beside the target, then rename it over the target."""
-    payload = {**payload, "algo": "seed", "recent_returns": list(payload["recent_returns"])}
+    payload = {**payload, "algo": "seed", "version": CHECKPOINT_VERSION}
+    payload["recent_returns"] = list(payload["recent_returns"])
     temporary = f"{path}.tmp{os.getpid()}"
     torch.save(payload, temporary)
     os.replace(temporary, path)
@@ -1040,8 +1247,8 @@ def as_typed(flag: str, value) -> str:
 
 def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
     """The dict that save_checkpoint wrote, or exit 2 with one line saying what is wrong with the file,
-    which is left as it is: unreadable (truncated, empty, random bytes), of the old format, written by
-    another file, without this file's counters, or of a run with other flags (run_config)."""
+    which is left as it is: unreadable (truncated, empty, random bytes), written by another file, of
+    another format version, without this file's counters, or of a run with other flags (run_config)."""
     # a damaged file raises one of many types (from zipfile, pickle or torch), all of them meaning the same here
     try:
         checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
@@ -1049,31 +1256,29 @@ def read_checkpoint(checkpoint_path: str, progress: dict) -> dict:
         fail("resume", f"{checkpoint_path} is not a readable checkpoint ({type(error).__name__}); move it away")
     if not isinstance(checkpoint, dict):
         fail("resume", f"{checkpoint_path} holds a {type(checkpoint).__name__}, not a checkpoint; move it away")
-    if "update" not in checkpoint:
-        fail("resume", f"{checkpoint_path} has no 'update': written before the progress format; use another --exp-name")
-    # checkpoints written before this tag are taken as this file's
-    written_by = checkpoint.pop("algo", "seed")
-    if written_by != "seed":
+    written_by = checkpoint.pop("algo", None)
+    if written_by not in (None, "seed"):
         fail("resume", f"{checkpoint_path} was written by {written_by}.py, not seed.py; use another --exp-name")
-    # checkpoints written before configurations were recorded, and flags added since, are taken as this run's
-    recorded = checkpoint.setdefault("config", progress["config"])
-    changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag, value) != value}
-    if changed:
-        was = ", ".join(
-            f"{as_typed(flag, recorded[flag])} (now {as_typed(flag, value)})" for flag, value in changed.items()
+    version = checkpoint.pop("version", "unversioned")
+    if version != CHECKPOINT_VERSION:
+        fail(
+            "resume",
+            f"{checkpoint_path} is of checkpoint format {version}, this file reads format {CHECKPOINT_VERSION}; "
+            "use another --exp-name",
         )
-        fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
-    # checkpoints written before the policy lag was kept: its mean covers the updates since this resume
-    checkpoint.setdefault("policy_lag_sum", 0.0)
-    checkpoint.setdefault("policy_lag_count", 0)
-    checkpoint.setdefault("inference_sums", progress["inference_sums"])
-    checkpoint.setdefault("inference_count", 0)
     missing = sorted(set(progress) - set(checkpoint))
     if missing:
         fail(
             "resume",
             f"{checkpoint_path} lacks {', '.join(missing)}: not a checkpoint of seed.py; use another --exp-name",
         )
+    recorded = checkpoint["config"]
+    changed = {flag: value for flag, value in progress["config"].items() if recorded.get(flag) != value}
+    if changed:
+        was = ", ".join(
+            f"{as_typed(flag, recorded.get(flag))} (now {as_typed(flag, value)})" for flag, value in changed.items()
+        )
+        fail("resume", f"{checkpoint_path} is of a run with {was}; resume with its settings or use another --exp-name")
     return checkpoint
 
 
@@ -1085,35 +1290,16 @@ def refuse_checkpoint(checkpoint_path: str, error: Exception) -> None:
     )
 
 
-def run_config(args: Args) -> dict:
-    """The flags that define the run, which a resumed run must share with its checkpoint: all but those
-    that say how long it goes, how its work is spread over processes and threads, how long it waits
-    for them, and what it logs or saves. Values derived from the flags (init=False) follow from them."""
-    may_change = {
-        "exp_name",
-        "torch_deterministic",
-        "cuda",
-        "track",
-        "wandb_project_name",
-        "wandb_entity",
-        "capture_video",
-        "save_model",
-        "total_timesteps",
-        "eval_episodes",
-        "torch_threads",
-        "env_threads",
-        "num_actors",
-        "num_buffers",
-        "inference_timeout_ms",
-        "checkpoint_every",
-        "resume",
-        "collective_timeout",
-        "actor_timeout",
-    }
-    return {flag.name: getattr(args, flag.name) for flag in fields(args) if flag.init and flag.name not in may_change}
+def run_config(args: RunArgs) -> dict:
+    """The flags that define the run, which a resumed run must share with its checkpoint: the algorithm's
+    (`Args`) but the budget, which may grow, and how the work is spread over actors, buffers and inference
+    batches; none of `Infra`'s (how the run is kept alive, watched or saved). Values derived from the flags
+    (init=False) follow from them."""
+    may_change = {"total_timesteps", "num_actors", "num_buffers", "inference_timeout_ms"}
+    return {flag.name: getattr(args, flag.name) for flag in fields(Args) if flag.init and flag.name not in may_change}
 
 
-def restore(args, model, optimizer, device, checkpoint_path: str) -> dict:
+def restore(args: RunArgs, model, optimizer, device, checkpoint_path: str) -> dict:
     """A fresh progress dict, or with --resume and a checkpoint, the checkpoint's, with the model
     and the optimizer loaded in place. (Rank 0 only: the remote actors hold no model; agree_on_start
     gives them the restart point.)"""
@@ -1141,6 +1327,7 @@ def announce_stop(progress: dict, checkpoint_path: str) -> None:
     )
 
 
+# ----------------------------------------------------------------------------------------------- signals and output
 def install_stop_handlers() -> dict:
     """SIGTERM, SIGUSR1 (SLURM preemption) and Ctrl-C's SIGINT ask for a checkpoint at the end of the
     current update. A second Ctrl-C ends the run at once (KeyboardInterrupt, no checkpoint)."""
@@ -1156,7 +1343,7 @@ def install_stop_handlers() -> dict:
     return stop
 
 
-def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
+def open_writer(args: RunArgs, run_dir: str, progress: dict) -> SummaryWriter:
     """TensorBoard (and wandb with --track); after a resume, points past the checkpoint's step are
     dropped."""
     if args.track:
@@ -1177,7 +1364,7 @@ def open_writer(args: Args, run_dir: str, progress: dict) -> SummaryWriter:
     return writer
 
 
-def close_writer(args: Args, writer: SummaryWriter) -> None:
+def close_writer(args: RunArgs, writer: SummaryWriter) -> None:
     writer.close()
     if args.track:
         import wandb
@@ -1185,7 +1372,7 @@ def close_writer(args: Args, writer: SummaryWriter) -> None:
         wandb.finish()
 
 
-def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float, device, run_dir: str):
+def write_summary(args: RunArgs, agent: Agent, writer, progress: dict, clock: float, device, run_dir: str):
     """The final evaluation, runs/<run_name>/summary.json (whole-run figures) and, with
     --save-model, the weights."""
     video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
@@ -1230,6 +1417,10 @@ def write_summary(args: Args, agent: Agent, writer, progress: dict, clock: float
 
 
 # ----------------------------------------------------------------------------------------------- distribution
+# The torchrun death request: a rank under torchrun asks the kernel (prctl's PR_SET_PDEATHSIG, above the imports)
+# to kill it with its agent, whatever kills the agent: ranks that no longer use the agent's store would otherwise
+# train on without it. It comes before the slow imports, so that an agent killed while they run takes its ranks
+# with it (docs/conventions.md §8).
 def available_cpus() -> int:
     """CPUs this process may use (its affinity mask, which taskset, SLURM and containers set; not
     the machine's core count), shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE).
@@ -1237,12 +1428,12 @@ def available_cpus() -> int:
     return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
-def default_num_actors(args: Args) -> int:
+def default_num_actors(args: RunArgs) -> int:
     """--num-actors 0: one local actor per available CPU (remote ranks add one actor each)."""
     return args.num_actors or available_cpus()
 
 
-def setup_distributed(args: Args):
+def setup_distributed(args: RunArgs):
     """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE. Rank 0 is the learner; rank r > 0 is a remote actor
     linked to it by a gloo pair group (CPU tensors; inference may still run on the learner's GPU).
     Alone: world size 1."""
@@ -1270,7 +1461,7 @@ def setup_distributed(args: Args):
     return device, groups
 
 
-def agree_on_start(args: Args, update: int) -> int:
+def agree_on_start(args: RunArgs, update: int) -> int:
     """The learner's restart point (`update` on rank 0), sent to the remote actors, whose env seeds
     depend on it."""
     start = torch.tensor([update])
@@ -1279,7 +1470,7 @@ def agree_on_start(args: Args, update: int) -> int:
     return int(start)
 
 
-def seed_everything(args: Args, device) -> None:
+def seed_everything(args: RunArgs, device) -> None:
     """Threads and seeds (the same on every rank: identical initial weights); deterministic kernels
     on CUDA (the CPU ones used here are deterministic already)."""
     torch.set_num_threads(args.torch_threads or 1)
@@ -1293,7 +1484,7 @@ def seed_everything(args: Args, device) -> None:
         torch.backends.cudnn.deterministic = args.torch_deterministic
 
 
-def stop_remote_actors(args: Args, slots: dict, pipes: list, bridges: list, control: dict) -> None:
+def stop_remote_actors(args: RunArgs, slots: dict, pipes: list, bridges: list, control: dict) -> None:
     """Answer each remote actor's next request with "stop" and wait (30 s at most) until its bridge
     has sent it."""
     slots["actions"][args.num_actors :] = -1
@@ -1318,7 +1509,7 @@ def stop_remote_actors(args: Args, slots: dict, pipes: list, bridges: list, cont
             os._exit(1)
 
 
-def finish_distributed(args: Args, exit_code: int) -> None:
+def finish_distributed(args: RunArgs, exit_code: int) -> None:
     """Leave the process group: together at a barrier, or at once after an error (a barrier would
     wait forever for this rank's peers; torchrun stops them)."""
     if args.world_size == 1:
@@ -1329,7 +1520,7 @@ def finish_distributed(args: Args, exit_code: int) -> None:
     dist.destroy_process_group()
 
 
-def run_remote_actor(args: Args, spec, groups: dict) -> int:
+def run_remote_actor(args: RunArgs, spec, groups: dict) -> int:
     """Rank r > 0: one remote actor, whose actor index follows the learner's local actors."""
     slots = actor_slots(args, spec, args.total_actors)
     actor_loop(args.num_actors + args.rank - 1, args, slots, None, groups[args.rank], agree_on_start(args, 0))
@@ -1337,103 +1528,37 @@ def run_remote_actor(args: Args, spec, groups: dict) -> int:
     return 0
 
 
-def main(args: Args) -> int:
-    # first of all: a signal during start-up ends in a checkpoint (forked processes keep the handlers)
-    stop = install_stop_handlers()
-    # envpool's spaces warn about it
-    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
-    validate(args)
-    device, groups = setup_distributed(args)
-    args.num_actors = default_num_actors(args)
-    args.total_actors = args.num_actors + args.world_size - 1
-    args.unrolls_per_batch = args.batch_size // args.num_envs
-    num_buffers = args.num_buffers or max(2 * args.unrolls_per_batch, args.unrolls_per_batch + 2 * args.total_actors)
-    args.num_updates = max(1, args.total_timesteps // (args.batch_size * args.unroll_length))
-    args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}"
-    run_dir = os.path.join("runs", args.run_name)
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-    seed_everything(args, device)
-    spec = envpool.make_spec(args.env_id)
-    if args.rank > 0:
-        return run_remote_actor(args, spec, groups)
-    threshold = spec.reward_threshold
-    if args.norm_reward is None:
-        args.norm_reward = len(spec.observation_space.shape) != 3
-    agent = Agent(spec.observation_space.shape, spec.action_space.n, args.network, args.use_lstm, args.norm_reward)
-    agent = agent.to(device)
-    flat = flatten_parameters(agent)
-    optimizer = make_optimizer(args, flat)
-    progress = restore(args, agent, optimizer, device, checkpoint_path)
-    start_update = agree_on_start(args, progress["update"])
-
-    # Actor processes first (fork before the learner computes anything), then the bridges and the inference thread.
-    slots = actor_slots(args, spec, args.total_actors)
-    inference_stats = {"inference_batch_mean": [], "inference_latency_ms": [], "actor_wait_ms": []}
-    control = {"version": start_update, "stats": inference_stats}
-    actors, pipes = start_actors(args, slots, start_update)
-    exit_code = 0
-    # whatever ends this (an exception too), no actor outlives it: they ignore the SIGTERM of exit
+def remote_bridge(actor: int, peer: int, group, slots: dict, conn, control: dict) -> None:
+    """Rank 0's stand-in for the remote actor on rank `peer`: receive its request into the actor's
+    slot, pass it to the inference thread like a local actor would, send the actions back."""
     try:
-        bridges = start_bridges(args, groups, slots, pipes, control)
-        buffers = unroll_buffers(args, spec, num_buffers, agent.initial_state(1).shape[-1])
-        lock = threading.Lock()
-        inference, free_q, full_q = start_inference(
-            args, agent, lock, slots, pipes, buffers, num_buffers, control, device, start_update
-        )
-        writer = open_writer(args, run_dir, progress)
-        stats = new_stats()
-        last_print = 0.0
-        clock = start_clock(progress)
-        for update in range(start_update, args.num_updates):
-            # COLLECT: the first unrolls that the inference thread completed
-            wait_start = time.time()
-            indices = next_batch(args, full_q, actors, inference, control)
-            learn_start = time.time()
-            batch, returns, versions, finished = take_batch(buffers, indices, free_q, device)
-            # LEARN and PUBLISH: V-trace on the batch; the step is published to the inference thread as update + 1
-            optimizer.param_groups[0]["lr"] = learning_rate(args, update)
-            losses = learner_step(args, agent, optimizer, flat, batch, returns, lock, control, update + 1)
-            learn_end = time.time()
-            # BOOKKEEPING: clocks, policy lag (learner version minus the batch's), episodes, logs, checkpoints
-            progress["update"] = update + 1
-            progress["global_step"] += args.batch_size * args.unroll_length
-            clock = advance_clock(progress, clock)
-            record_lag(progress, stats, update - versions.double().mean().item())
-            stats["wait_s"] = learn_start - wait_start
-            stats["learn_s"] = learn_end - learn_start
-            stats["losses"] = losses
-            take_inference_stats(control, stats, progress)
-            record_returns(progress, [episode_return for episode_return, _ in finished], threshold)
-            log_update(writer, progress, finished, learner_scalars(progress, stats, optimizer, full_q))
-            last_print = print_progress(progress, args.num_updates, last_print)
-            # SIGTERM/SIGUSR1 (SLURM preemption): save, then exit cleanly
-            stopping = stop["signal"] != 0
-            due = args.checkpoint_every and progress["update"] % args.checkpoint_every == 0
-            if stopping or due:
-                checkpoint = {**progress, "model": agent.state_dict(), "optimizer": optimizer.state_dict()}
-                save_checkpoint(checkpoint_path, checkpoint)
-            if stopping:
-                announce_stop(progress, checkpoint_path)
-                break
-        else:
-            clock = advance_clock(progress, clock)
-            # the actors' CPU is the evaluation's now
-            for process in actors:
-                process.kill()
-            write_summary(args, agent, writer, progress, clock, device, run_dir)
-    except ActorDied as e:
-        print(f"{os.path.basename(sys.argv[0])}: error: {e}; stopping", file=sys.stderr, flush=True)
-        exit_code = 1
-    finally:
-        control["stop"] = True
-        stop_actors(actors)
-    inference.join(timeout=10)
-    close_writer(args, writer)
-    if not exit_code:
-        stop_remote_actors(args, slots, pipes, bridges, control)
-    finish_distributed(args, exit_code)
-    return exit_code
+        while True:
+            dist.recv(slots["obs"][actor], peer, group=group)
+            dist.recv(slots["step"][actor], peer, group=group)
+            conn.send_bytes(b"")
+            conn.recv_bytes()
+            # what was sent decides: the learner may write "stop" meanwhile
+            actions = slots["actions"][actor].clone()
+            dist.send(actions, peer, group=group)
+            if actions[0] < 0:
+                return
+    # any failure of the link ends the job
+    except Exception as error:  # noqa: BLE001
+        control.setdefault("error", (actor, f"lost its link: {error!r}"))
+
+
+def start_bridges(args: RunArgs, groups: dict, slots: dict, pipes: list, control: dict) -> list:
+    """Rank 0's threads standing in for the remote actors, one per rank > 0 (actor indices after the
+    local ones)."""
+    bridges = []
+    for rank in range(1, args.world_size):
+        actor = args.num_actors + rank - 1
+        bridge_args = (actor, rank, groups[rank], slots, pipes[actor][1], control)
+        bridges.append(threading.Thread(target=remote_bridge, args=bridge_args, daemon=True))
+    for bridge in bridges:
+        bridge.start()
+    return bridges
 
 
 if __name__ == "__main__":
-    sys.exit(main(tyro.cli(Args)))
+    sys.exit(main(tyro.cli(RunArgs)))

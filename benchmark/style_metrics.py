@@ -73,8 +73,15 @@ def fold_figures(path: str) -> dict:
     folds = [n for n, line in enumerate(lines, 1) if line.startswith("# ====") and "infrastructure" in line.lower()]
     mains = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main"]
     above = folds[0] - 1 if folds else mains[0].end_lineno
-    loops = [node.lineno for node in mains[0].body if isinstance(node, (ast.For, ast.While))]
-    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.end_lineno <= above and n.name != "main"]
+    # the loop over updates, at the top of main's body or inside a `with` there (the actors' context)
+    body = [inner for node in mains[0].body for inner in (node.body if isinstance(node, ast.With) else [node])]
+    loops = [node.lineno for node in body if isinstance(node, (ast.For, ast.While))]
+    # the role functions: those between the `roles` rule and the next rule (the maths keeps the paper's symbols)
+    rules = [n for n, line in enumerate(lines, 1) if line.startswith("# ----")]
+    roles = [n for n in rules if lines[n - 1].rstrip().endswith(" roles")]
+    start = roles[0] if roles else 0
+    end = min([n for n in rules if n > start] + [above])
+    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef) and start < n.lineno < end and n.name != "main"]
     widest = max(functions, key=lambda n: len(n.args.args) + len(n.args.kwonlyargs))
     return {
         "file": path,

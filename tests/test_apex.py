@@ -219,14 +219,14 @@ def test_learner_samples_with_the_papers_constant_beta(fraction):
     asked = []
     sample = replay.sample
     replay.sample = lambda batch_size, beta, rng: asked.append(beta) or sample(batch_size, beta, rng)
-    args = apex.Args(batch_size=8, total_timesteps=1000)
+    args = apex.RunArgs(batch_size=8, total_timesteps=1000)
     q_net, target_net = apex.QNetwork((4,), 2), apex.QNetwork((4,), 2)
     flat = apex.flatten_parameters(q_net)
     optimizer = torch.optim.Adam([flat], lr=1e-3)
     progress = apex.new_progress(apex.run_config(args))
     progress["global_step"] = int(fraction * args.total_timesteps)
     apex.learner_step(
-        args, q_net, target_net, optimizer, flat, replay, np.random.default_rng(0), progress, apex.new_stats(progress)
+        args, q_net, target_net, optimizer, replay, np.random.default_rng(0), progress, apex.new_stats(progress)
     )
     assert asked == [args.beta] == [0.4]
 
@@ -267,7 +267,7 @@ def test_actor_blocks_are_n_step_transitions_of_one_stream(monkeypatch):
     final observation), and the actor's priorities are |delta| of its own network."""
     # epsilon 1: random actions, whose episodes end both ways
     # (a greedy random network's mostly end one way)
-    args = apex.Args(num_envs=3, block_length=5, n_step=3, num_actors=1, deterministic=True, epsilon=1.0)
+    args = apex.RunArgs(num_envs=3, block_length=5, n_step=3, num_actors=1, deterministic=True, epsilon=1.0)
     args.total_actors, gamma, T, N, n, max_steps = 1, args.gamma, 5, 3, 3, 20
     spec = apex.envpool.make_spec(args.env_id)
     torch.manual_seed(0)
@@ -365,7 +365,7 @@ import importlib.util, sys, time
 spec = importlib.util.spec_from_file_location("m", sys.argv[1])
 m = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(m)
-args = m.Args(num_actors=1)
+args = m.RunArgs(num_actors=1)
 m.agree_on_actors(args, 0, 0)
 env_spec = m.envpool.make_spec(args.env_id)
 flat = m.flat_params(m.make_network(args, env_spec))
@@ -408,8 +408,8 @@ def test_learns_cartpole_with_a_short_budget(runner):
 def test_default_actor_count_fits_any_core_count(monkeypatch, cpus):
     m = load_algo("apex")
     monkeypatch.setattr(m, "available_cpus", lambda: cpus)
-    assert m.default_num_actors(m.Args()) == max(1, cpus - 1)
-    m.validate(m.Args(deterministic=True))
+    assert m.default_num_actors(m.RunArgs()) == max(1, cpus - 1)
+    m.validate(m.RunArgs(deterministic=True))
 
 
 # --restart-every (rounds of 2 blocks), --checkpoint-every (updates), --buffer-size: the first checkpoint comes at a

@@ -214,9 +214,12 @@ def test_vtrace_learner_on_device(on_device, module, use_lstm):
     for optimizer in ("rmsprop", "adam"):  # main's learner step: loss, backward, clip, torch's optimizer on flat
         args = module.Args(optimizer=optimizer)
         torch_optimizer = module.make_optimizer(args, flat)
-        extra = (dict(signal=0),) if module is impala else (module.threading.Lock(), {}, 1)
+        extra = (lambda: torch.zeros(2, device=META),) if module is impala else ()
         losses = module.learner_step(args, agent, torch_optimizer, flat, dict(batch), torch.zeros(T, B), *extra)
-        losses = losses[0] if module is impala else losses
+        if module is impala:
+            losses = losses[0]
+        else:
+            module.step_and_publish(torch_optimizer, module.threading.Lock(), {}, 1)
         state = [value for value in torch_optimizer.state[flat].values() if value.dim() > 0]
         assert losses.device == flat.grad.device == META and all(value.device == META for value in state)
     assert len(module.evaluate(agent, "CartPole-v1", 2, 0, META)) == 2
@@ -230,9 +233,7 @@ def replay_learner_step(module, args, q_net, target_net, replay, *extra) -> None
     optimizer = torch.optim.Adam([flat], lr=1e-3, eps=1e-5)
     progress = module.new_progress(module.run_config(args))
     stats = module.new_stats(progress)
-    module.learner_step(
-        args, q_net, target_net, optimizer, flat, replay, np.random.default_rng(0), progress, stats, *extra
-    )
+    module.learner_step(args, q_net, target_net, optimizer, replay, np.random.default_rng(0), progress, stats, *extra)
     assert flat.grad.device == optimizer.state[flat]["exp_avg_sq"].device == stats["losses"].device == META
     assert progress["update"] == 1 and all(p.device == META for p in target_net.parameters())
 
@@ -268,7 +269,7 @@ def test_apex_learner_on_device(on_device, obs_shape):
     q_net, target_net = apex.QNetwork(obs_shape, 6).to(META), apex.QNetwork(obs_shape, 6).to(META)
     idx, batch, weights = replay.sample(8, 0.5, np.random.default_rng(0))
     assert weights.device == META and all(v.device == META for v in batch.values())
-    args = apex.Args(batch_size=8, target_network_frequency=1)
+    args = apex.RunArgs(batch_size=8, target_network_frequency=1)
     replay_learner_step(apex, args, q_net, target_net, replay)
     if len(obs_shape) == 1:
         assert len(apex.evaluate(q_net, "CartPole-v1", 2, 0, META)) == 2
@@ -279,7 +280,7 @@ def test_apex_learner_on_device(on_device, obs_shape):
 def test_r2d2_learner_on_device(on_device, obs_shape):
     """The sequence replay stays on the CPU; each sampled batch (with its stored LSTM states) must arrive on the
     device, and the burn-in, unroll, loss, optimizer and priority update must run from there."""
-    args = r2d2.Args(
+    args = r2d2.RunArgs(
         num_envs=2,
         burn_in=2,
         sequence_length=4,

@@ -175,9 +175,10 @@ def actor_harness(args, num_buffers: int, free: int, actors: int):
     for k in range(free):
         free_q.put(k)
     heartbeats = impala.Heartbeats(actors)
+    schedule = impala.Schedule(args, 0)
     procs = [
         ctx.Process(
-            target=impala.actor_loop, args=(i, args, spec, buffers, store, free_q, full_q, 0, heartbeats), daemon=True
+            target=impala.actor_loop, args=(i, args, buffers, store, free_q, full_q, schedule, heartbeats), daemon=True
         )
         for i in range(actors)
     ]
@@ -190,7 +191,7 @@ def test_shared_memory_handover_exactly_once_and_bounded():
     """Two real actor processes fill 6 shared buffers; the consumer checks that every actor's unrolls arrive once
     each and in sequence, that x_T of one unroll is x_0 of the next (no buffer was overwritten while in use), and
     that the queues never hold more indices than there are buffers."""
-    args = impala.Args(num_envs=4, unroll_length=5, batch_size=8, num_actors=2)
+    args = impala.RunArgs(num_envs=4, unroll_length=5, batch_size=8, num_actors=2)
     _, buffers, _, free_q, full_q, actors = actor_harness(args, 6, free=6, actors=2)
     try:
         seen, last_obs = {0: [], 1: []}, {}
@@ -218,7 +219,7 @@ def test_shared_memory_handover_exactly_once_and_bounded():
 def test_actor_fetches_parameters_after_waiting_for_a_buffer():
     """Default mode: an actor held up by backpressure (no free buffer) must start its next unroll with the
     parameters published while it waited, not with those it had before."""
-    args = impala.Args(num_envs=2, unroll_length=3, batch_size=2, num_actors=1)
+    args = impala.RunArgs(num_envs=2, unroll_length=3, batch_size=2, num_actors=1)
     agent, buffers, store, free_q, full_q, (actor,) = actor_harness(args, 2, free=1, actors=1)
     try:
         first = full_q.get(timeout=30)
@@ -261,9 +262,9 @@ def test_default_actor_count_fits_any_core_count(monkeypatch, cpus):
     mode runs with its other flags at their defaults on any machine."""
     m = load_algo("impala")
     monkeypatch.setattr(m, "available_cpus", lambda: cpus)
-    assert m.default_num_actors(m.Args()) == cpus
+    assert m.default_num_actors(m.RunArgs()) == cpus
     for num_envs, batch_size in [(8, 8), (4, 8), (8, 32), (4, 24)]:
-        args = m.Args(deterministic=True, num_envs=num_envs, batch_size=batch_size)
+        args = m.RunArgs(deterministic=True, num_envs=num_envs, batch_size=batch_size)
         actors, unrolls = m.default_num_actors(args), batch_size // num_envs
         assert 1 <= actors <= min(cpus, unrolls) and unrolls % actors == 0
         m.validate(args)  # would exit 2 if the count did not divide
@@ -278,7 +279,7 @@ def test_default_mode_runs_more_actors_than_a_batch_has_unrolls(runner):
 def test_deterministic_mode_runs_with_defaults(runner):
     check_ok(runner.run("impala", "--deterministic", "--total-timesteps", 3200))
     m = load_algo("impala")
-    assert runner.summary("CartPole-v1", "impala")["num_actors"] == m.default_num_actors(m.Args(deterministic=True))
+    assert runner.summary("CartPole-v1", "impala")["num_actors"] == m.default_num_actors(m.RunArgs(deterministic=True))
 
 
 def test_deterministic_mode_is_bitwise(runner):

@@ -250,7 +250,7 @@ def test_actor_stores_the_state_before_each_sequence_and_its_own_priorities(monk
     discount 0 after a termination and bootstraps (gamma) after a truncation."""
     # epsilon 1: random actions, whose episodes end both ways
     # (a greedy random network's mostly end one way)
-    args = r2d2.Args(
+    args = r2d2.RunArgs(
         num_envs=3,
         burn_in=4,
         sequence_length=6,

@@ -14,15 +14,11 @@ import torch
 from conftest import command_line_args, load_algo, progress_of
 
 ALGOS = ["a3c", "apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"]
-# the files in the folded layout (docs/conventions.md §1): their checkpoints carry the writing file's name and a
-# format version, and a checkpoint without them (unversioned) is refused; the list grows file by file
-VERSIONED = ["ddppo", "es", "fedpg", "ga"]
 
 
 def stamped(name: str, payload: dict) -> dict:
-    """`payload` as save_checkpoint writes it: with the file's name and format version in the versioned files."""
-    if name not in VERSIONED:
-        return payload
+    """`payload` as save_checkpoint writes it: with the file's name and format version (docs/conventions.md §8; a
+    checkpoint without a version, "unversioned", is refused)."""
     return {**payload, "algo": name, "version": load_algo(name).CHECKPOINT_VERSION}
 
 
@@ -58,13 +54,10 @@ def test_a_damaged_checkpoint_is_refused(runner, name):
 
 
 def another_network(name: str) -> bytes:
-    """Every counter of this file's progress, with weights of another shape under each key the file loads (and, in
-    the unversioned files, no configuration, as written before configurations were recorded: taken as the run's),
-    so that the weights are what is refused."""
+    """Every counter of this file's progress and its configuration, with weights of another shape under each key
+    the file loads, so that the weights are what is refused."""
     weights = torch.zeros(3) if name in ("es", "fedpg") else {"other_layer.weight": torch.zeros(3)}
     payload = {**progress_of(name), "model": weights, "target": weights, "optimizer": {}, "obstat": torch.zeros(3)}
-    if name not in VERSIONED:
-        del payload["config"]
     return saved(stamped(name, payload))
 
 
@@ -99,7 +92,7 @@ def test_read_checkpoint_names_what_is_wrong(name, tmp_path, capsys):
     # the old files kept their counters at the top level under other names ("generation", "updates", ...)
     old = saved({"global_step": 1000, "generation": 3, "wall_time_s": 5.0})
     cases = {
-        "old format": (old, "unversioned" if name in VERSIONED else "progress format"),
+        "old format": (old, "unversioned"),
         "empty": (b"", "not a readable checkpoint"),
         "truncated": (good[: len(good) // 2], "not a readable checkpoint"),
         "not a dict": (saved([1, 2, 3]), "holds a list"),
@@ -110,43 +103,19 @@ def test_read_checkpoint_names_what_is_wrong(name, tmp_path, capsys):
             "with --seed 7 (now --seed 1)",
         ),
     }
-    if name in VERSIONED:
-        version = load_algo(name).CHECKPOINT_VERSION
-        cases["unversioned"] = (saved({**progress_of(name), "algo": name}), "format unversioned")
-        cases["another version"] = (
-            saved({**stamped(name, progress_of(name)), "version": version + 1}),
-            f"format {version + 1}, this file reads format {version}",
-        )
-        cases["no configuration"] = (
-            saved(stamped(name, {k: v for k, v in progress_of(name).items() if k != "config"})),
-            "lacks config",
-        )
+    version = load_algo(name).CHECKPOINT_VERSION
+    cases["unversioned"] = (saved({**progress_of(name), "algo": name}), "format unversioned")
+    cases["another version"] = (
+        saved({**stamped(name, progress_of(name)), "version": version + 1}),
+        f"format {version + 1}, this file reads format {version}",
+    )
+    cases["no configuration"] = (
+        saved(stamped(name, {k: v for k, v in progress_of(name).items() if k != "config"})),
+        "lacks config",
+    )
     for case, (content, expected) in cases.items():
         line = read_in_process(name, content, tmp_path, capsys)
         assert expected in line, (case, line)
-
-
-@pytest.mark.parametrize("name", [name for name in ALGOS if name not in VERSIONED])
-def test_a_checkpoint_without_a_configuration_is_taken_as_this_runs(name, tmp_path):
-    """Written before configurations were recorded: read as this run's (its weights are still checked on load)."""
-    module = load_algo(name)
-    progress = progress_of(name)
-    path = tmp_path / "checkpoint.pt"
-    path.write_bytes(saved({key: value for key, value in progress.items() if key != "config"}))
-    assert module.read_checkpoint(str(path), progress)["config"] == progress["config"]
-
-
-@pytest.mark.parametrize("name", ["apex", "impala", "r2d2", "seed"])
-def test_a_checkpoint_from_before_the_whole_run_policy_lag_is_taken_with_the_lag_counted_from_the_resume(
-    name, tmp_path
-):
-    module = load_algo(name)
-    progress = progress_of(name)
-    path = tmp_path / "checkpoint.pt"
-    lagless = {key: value for key, value in progress.items() if not key.startswith("policy_lag")}
-    path.write_bytes(saved({**lagless, "update": 30}))
-    checkpoint = module.read_checkpoint(str(path), progress)
-    assert (checkpoint["update"], checkpoint["policy_lag_sum"], checkpoint["policy_lag_count"]) == (30, 0.0, 0)
 
 
 @pytest.mark.parametrize("name", ALGOS)
@@ -158,7 +127,7 @@ def test_save_checkpoint_writes_what_read_checkpoint_takes(name, tmp_path):
     assert "algo" not in checkpoint and "version" not in checkpoint and torch.equal(checkpoint["model"], torch.ones(2))
     written = torch.load(path, weights_only=True)
     assert written["algo"] == name
-    assert name not in VERSIONED or written["version"] == module.CHECKPOINT_VERSION
+    assert written["version"] == module.CHECKPOINT_VERSION
 
 
 def test_federated_pgs_earlier_string_configuration_is_refused(tmp_path, capsys):

@@ -197,22 +197,18 @@ def test_a3c_waits_for_its_workers_ready_within_the_start_up_grace(monkeypatch):
 def test_seed_ends_the_job_when_an_actor_never_asks_within_the_start_up_grace():
     import threading
 
-    import torch
-
     seed = load_algo("seed")
     # the loop looks every 0.2 s at most; a pause of over half the timeout would restart the count
-    args = seed.Args(num_actors=2, actor_timeout=0.5)
+    args = seed.RunArgs(num_actors=2, actor_timeout=0.5)
     args.total_actors = 2
     spec = seed.envpool.make_spec(args.env_id)
     agent = seed.Agent(spec.observation_space.shape, spec.action_space.n, args.network, args.use_lstm, True)
     slots = seed.actor_slots(args, spec, 2)
-    buffers = seed.unroll_buffers(args, spec, 4, agent.initial_state(1).shape[-1])
+    unroll_queue = seed.UnrollQueue(args, spec, 4, agent.initial_state(1).shape[-1])
     pipes = [seed.mp.get_context("fork").Pipe() for _ in range(2)]
     control = {"version": 0, "stats": {"inference_batch_mean": [], "inference_latency_ms": [], "actor_wait_ms": []}}
     started = time.monotonic()
-    inference, _, _ = seed.start_inference(
-        args, agent, threading.Lock(), slots, pipes, buffers, 4, control, torch.device("cpu"), 0
-    )
+    inference = seed.start_inference(args, agent, threading.Lock(), slots, pipes, unroll_queue, control, 0)
     inference.join(timeout=10)
     assert not inference.is_alive()
     assert control["error"] == (0, "not started after 2.5 s, 5 x --actor-timeout (stopped or hung)")
@@ -224,7 +220,7 @@ def test_seed_names_the_actor_it_lost_a_local_one_by_its_pid_a_remote_one_by_its
     from types import SimpleNamespace
 
     seed = load_algo("seed")
-    args = seed.Args(num_actors=2)
+    args = seed.RunArgs(num_actors=2)
     args.unrolls_per_batch = 1
     actors = [SimpleNamespace(pid=11, exitcode=None), SimpleNamespace(pid=12, exitcode=None)]
     inference = SimpleNamespace(is_alive=lambda: True)
@@ -284,9 +280,9 @@ class SecondStartFails:
 
 # each file's start of its actors (A3C: workers), with arguments enough to reach the forks
 START_ACTORS = {
-    "a3c": lambda m: m.start_workers(SimpleNamespace(num_workers=3), None, None, None, None, None, None, 0),
+    "a3c": lambda m: m.start_workers(SimpleNamespace(num_workers=3), None, None, None, None, 0),
     "apex": lambda m: m.start_actors(SimpleNamespace(num_buffers=4, num_actors=3, world_size=1), *[{}] * 6),
-    "impala": lambda m: m.start_actors(SimpleNamespace(num_actors=3), None, {}, None, 4, 0, None),
+    "impala": lambda m: m.start_actors(SimpleNamespace(num_actors=3), {}, None, 4, None, None),
     "r2d2": lambda m: m.start_actors(SimpleNamespace(num_buffers=4, num_actors=3, world_size=1), *[{}] * 6),
     "seed": lambda m: m.start_actors(SimpleNamespace(num_actors=3, total_actors=3), {}, 0),
 }
