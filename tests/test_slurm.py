@@ -102,7 +102,8 @@ def test_torchrun_job_with_two_ranks(cluster, tmp_path):
     job = submit(env, tmp_path, "--nodes=1", TORCHRUN_SCRIPT, *TINY)
     states = wait_ended(cluster, job, 1, 180)
     assert states == ["COMPLETED"], next(tmp_path.glob("slurm-*.out")).read_text()[-3000:]
-    summary = (tmp_path / "runs" / f"{ENV}__ddppo__1" / "summary.json").read_text()
+    # a fresh submission is a fresh run, named after its job
+    summary = (tmp_path / "runs" / f"{ENV}__ddppo-{job}__1" / "summary.json").read_text()
     assert '"world_size": 2' in summary, summary
 
 
@@ -126,7 +127,8 @@ def test_preemption_checkpoints_requeues_and_resumes(cluster, tmp_path):
     assert states == ["COMPLETED"], (job_ends(cluster, job), log[-3000:])
     assert [record["JobState"] for record in job_ends(cluster, job)] == ["PENDING", "COMPLETED"]  # requeued once
     assert log.count("preemption warning") == 1, log[-3000:]
-    summary = (tmp_path / "runs" / f"{ENV}__ddppo__1" / "summary.json").read_text()
+    # the requeued job kept its id, and so its run
+    summary = (tmp_path / "runs" / f"{ENV}__ddppo-{job}__1" / "summary.json").read_text()
     assert f'"global_step": {total}' in summary, summary
     # the second start continued from the checkpoint: its first progress line is past the cut
     cut = int(re.search(r"checkpoint of update (\d+)", log).group(1))
