@@ -1,6 +1,7 @@
 """The docs cannot drift from the code: every link in docs/ and README resolves (a file, a heading's anchor, a line
 of a file), a link to a line whose text is one code span quotes that line, and the reading guides (docs/diffs.md)
-are what algos/ gives now with every hunk explained."""
+are what algos/ gives now with every hunk explained. The prose is impersonal and points only at what a reader can
+open: no first person, no reference to the project's issues, no path that leaves the repository."""
 
 import re
 import sys
@@ -133,3 +134,123 @@ def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     command = re.search(r"## Tests\n\n```bash\n(.+)\n```", readme).group(1)
     assert (ROOT / ".ci" / "run").read_text().rstrip().splitlines()[-1] == command
+
+
+# The docs speak impersonally and point only at what a reader can open: no first person, no reference to the
+# project's issues (a reader cannot open them), no path that leaves the repository.
+FIRST_PERSON = re.compile(r"\bI\b(?=\s+[a-z]|['’])|\b(?i:me|my|mine|we|us|our|ours)\b")
+ISSUE_REFERENCE = re.compile(
+    r"\bissue\s*#?\d+|\bissues\s*#\d+|\bissues?\s+[\"“]|\b(?:the|this)\s+(?:\w+\s+)?issue\b(?!s)|\bissue['’]s\b",
+    re.I,
+)
+CODE = r"<!--.*?-->|`[^`]*`|\$\$.*?\$\$|\$[^$\n]+\$"
+QUOTATION = r"\"[^\"\n]*(?:\n[^\"\n]+)*\"|“[^”]*”"
+WEB_LINK = r"\[(?:[^\[\]]|\[[^\]]*\])*\]\([a-z]+:[^)\s]*\)"
+INLINE_PATH = re.compile(r"(?<![\w./-])(?:\.\./|/work/)[^\s)`'\"\]>,;]*")
+
+
+def prose(page: Path, *blanked: str) -> str:
+    """The page's text with its fenced code blocks, inline code, comments and maths blanked to spaces, and what
+    the other patterns given match; line breaks are kept, so a match's line is that of the page."""
+    kept, in_code = [], False
+    for line in page.read_text().splitlines():
+        fence = line.startswith("```")
+        in_code = in_code != fence
+        kept.append("" if in_code or fence else line)
+    blank = re.compile("|".join((CODE, *blanked)), re.S)
+    return blank.sub(lambda match: re.sub(r"[^\n]", " ", match.group(0)), "\n".join(kept))
+
+
+def matches(page: Path, pattern: re.Pattern, text: str) -> list:
+    """(line number, match, "page:line: match in its line") of every match of the pattern in the text (the
+    page's prose)."""
+    lines = page.read_text().splitlines()
+    found = []
+    for match in pattern.finditer(text):
+        number = text.count("\n", 0, match.start()) + 1
+        found.append((match.group(0), f"{page.name}:{number}: {match.group(0)!r} in {lines[number - 1].strip()!r}"))
+    return found
+
+
+def first_person(page: Path) -> list:
+    """Every first-person word in the page's prose: I (the capital pronoun before a lower-case word or an
+    apostrophe, so neither the identity matrix of N(0, I) nor I/O nor a heading's Part I), and me, my, mine,
+    we, us, our, ours in any case but all capitals (US is an abbreviation). Quotations are someone else's words
+    and are skipped."""
+    found = matches(page, FIRST_PERSON, prose(page, QUOTATION))
+    return [where for word, where in found if word == "I" or not word.isupper()]
+
+
+def issue_references(page: Path) -> list:
+    """Every reference in the page's prose to an issue of the project's tracker: issue 25, issue #10, issue
+    "Reliability", the issue, the issue's target, the reliability issue. A link to a web page (an upstream
+    project's issue) is one a reader can open and is skipped."""
+    return [where for _, where in matches(page, ISSUE_REFERENCE, prose(page, WEB_LINK))]
+
+
+def paths_outside(page: Path, root: Path = ROOT) -> list:
+    """Every path of the page that leaves the repository: a relative link whose target resolves outside the
+    root, or a path written out (in prose or code, fenced or inline) that starts with ../ (such a path counts
+    from the root, where the commands run, so it leaves it) or with /work/."""
+    found = []
+    for number, _, target in links(page):
+        resolved = (page.parent / target.partition("#")[0]).resolve()
+        if resolved != root and root not in resolved.parents:
+            found.append(f"{page.name}:{number}: link to {target}, outside the repository")
+    for number, line in enumerate(page.read_text().splitlines(), 1):
+        for match in INLINE_PATH.finditer(LINK.sub(r"\1", line)):
+            found.append(f"{page.name}:{number}: path {match.group(0).rstrip('.:')}, outside the repository")
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_no_first_person(page):
+    found = first_person(page)
+    assert not found, "first person in the prose (write it impersonally):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_no_reference_to_the_projects_issues(page):
+    found = issue_references(page)
+    assert not found, "the project's issues, which a reader cannot open (say the fact itself):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_no_path_leaves_the_repository(page):
+    found = paths_outside(page)
+    assert not found, "paths a reader cannot open (name or link the upstream file):\n" + "\n".join(found)
+
+
+def test_the_voice_and_path_checks_find_what_they_forbid_and_nothing_else(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("# Readme\n")
+    page = tmp_path / "docs" / "page.md"
+    allowed = (
+        "# Part I\n\nNo I/O; ε ~ N(0, I); $x = I y$; the US; `we ran it` in code; the paper:\n"
+        '"we keep it\nfixed"; [PyTorch issue #135712](https://github.com/pytorch/pytorch/issues/135712) and\n'
+        "[x](../README.md); the learner issues 2 requests.\n```\nI ran this. issue 25. cd /tmp\n```\n"
+    )
+    forbidden = (
+        "I stopped it. We chose this, as our\nrun showed; mine too; then I\nsent it; I'd say so.\n"
+        'The issue\'s target (issue 25, issue #10, issue "Reliability"), the reliability\nissue.\n'
+        "Read `../shared/anchors.md` and [a](../../x.md) or /work/main/.\n"
+    )
+    page.write_text(allowed + forbidden)
+    found = first_person(page)
+    words = [line.split(": ")[1].split(" in ")[0] for line in found]
+    assert words == ["'I'", "'We'", "'our'", "'mine'", "'I'", "'I'"], found
+    assert [line.split(":")[1] for line in found] == ["10", "10", "10", "11", "11", "12"], found
+    found = issue_references(page)
+    assert [line.split(": ")[1].split(" in ")[0] for line in found] == [
+        "'The issue'",
+        "'issue 25'",
+        "'issue #10'",
+        "'issue \"'",
+        "'the reliability\\nissue'",
+    ], found
+    assert [line.split(":")[1] for line in found] == ["13", "13", "13", "13", "13"], found
+    assert [line.split(": ", 1)[1] for line in paths_outside(page, tmp_path)] == [
+        "link to ../../x.md, outside the repository",
+        "path ../shared/anchors.md, outside the repository",
+        "path /work/main/, outside the repository",
+    ]

@@ -190,3 +190,31 @@ def test_every_flag_of_every_documented_command_exists():
     known = {name: flags_of(name) for name in ALL}
     unknown = [(where, name, flag) for where, name, flags in commands for flag in flags if flag not in known[name]]
     assert not unknown, unknown
+
+
+def flag_values(words: list) -> dict:
+    """--flag value pairs of a command's words (a flag without a value, such as --clip-vloss, maps to True)."""
+    values = {}
+    for index, word in enumerate(words):
+        if word.startswith("--"):
+            following = words[index + 1] if index + 1 < len(words) else "--"
+            values[word] = True if following.startswith("--") else following
+    return values
+
+
+def test_the_readmes_multi_node_pong_command_trains_with_the_tested_pong_values():
+    """README's two-node DD-PPO command on Pong-v5 uses the learning values of the Pong run that reached 18
+    (benchmark/atari.py's `ddppo` entry): every algorithm flag of that entry, with the same value."""
+    text = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    lines = [line for line in text.splitlines() if "--nnodes" in line and "algos/ddppo.py" in line]
+    assert len(lines) == 1, lines
+    documented = flag_values(lines[0].split("algos/ddppo.py", 1)[1].split())
+    entry = atari.ENTRIES["ddppo"]
+    tested = flag_values(
+        [str(word) for word in entry[entry.index(next(w for w in entry if w.endswith("ddppo.py"))) + 1 :]]
+    )
+    algorithm = {f"--{flag.name.replace('_', '-')}" for flag in fields(load_algo("ddppo").Args) if flag.init}
+    learning = {flag: value for flag, value in tested.items() if flag in algorithm - {"--seed", "--total-timesteps"}}
+    assert "--learning-rate" in learning and "--env-id" in learning, learning
+    differs = {flag: (documented.get(flag), value) for flag, value in learning.items() if documented.get(flag) != value}
+    assert not differs, differs
