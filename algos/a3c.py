@@ -49,7 +49,7 @@ class Args:
     # --- algorithm ---
     t_max: int = 5  # steps per rollout segment before each update (paper: 5)
     num_envs: int = 8  # environments stepped by each worker (the paper: 1)
-    gamma: float = 0.98  # discount factor (paper: 0.99; see docs/a3c.md, Defaults)
+    gamma: float = 0.98  # discount factor (paper: 0.99; see docs/a3c.md, Deviations)
     optimizer: Literal["rmsprop", "adam"] = "adam"  # shared RMSProp (the paper's) or Adam with shared state
     learning_rate: float = 2e-3  # the optimizer's learning rate
     anneal_lr: bool = True  # anneal the learning rate linearly to zero over total_timesteps (as in the paper)
@@ -67,6 +67,20 @@ class Args:
     rank: int = field(default=0, init=False)
     local_rank: int = field(default=0, init=False)
     run_name: str = field(default="", init=False)
+
+
+# `--preset atari`: the values of the page's Pong-v5 run (docs/a3c.md, Results); flags given beside it still apply
+PRESETS = {
+    "atari": dict(
+        env_id="Pong-v5",
+        total_timesteps=10_000_000,
+        num_envs=8,
+        optimizer="adam",
+        learning_rate=2.5e-4,
+        gamma=0.99,
+        max_grad_norm=40.0,
+    ),
+}
 
 
 # ----------------------------------------------------------------------------------------------- environment
@@ -539,6 +553,7 @@ class Infra:
     """The flags that keep a run alive, watched, reproducible and resumable, not what it learns."""
 
     exp_name: str = "a3c"  # the name of this experiment (part of the run name)
+    preset: Optional[Literal[tuple(PRESETS)]] = None  # start from a preset's values (PRESETS, above the fold)
     torch_deterministic: bool = True  # kept for the common block: A3C runs on CPU, whose kernels here are deterministic
     cuda: bool = False  # kept for the common block: Hogwild workers share CPU memory; this flag is ignored
     track: bool = False  # log to Weights & Biases as well as TensorBoard
@@ -1166,5 +1181,31 @@ def seed_everything(args: RunArgs) -> None:
     torch.manual_seed(args.seed)
 
 
+# ----------------------------------------------------------------------------------------------- command line
+def parse_args() -> RunArgs:
+    """The command line over the defaults, or over a preset's values when it names one (`--preset atari`), so
+    that every flag keeps its meaning beside a preset. An Atari --env-id without a preset gets a warning."""
+    preset = preset_named(sys.argv[1:])
+    defaults = RunArgs(**PRESETS[preset], preset=preset) if preset in PRESETS else RunArgs()
+    args = tyro.cli(RunArgs, default=defaults)
+    atari = args.env_id in envpool.list_all_envs() and len(envpool.make_spec(args.env_id).observation_space.shape) == 3
+    if atari and args.preset is None and os.environ.get("RANK", "0") == "0":
+        print(
+            f"warning: {args.env_id} with the CartPole defaults; --preset atari sets the tested Atari values",
+            file=sys.stderr,
+        )
+    return args
+
+
+def preset_named(argv: list) -> Optional[str]:
+    """The value of --preset on the command line (None without one), read before tyro parses the rest."""
+    for i, word in enumerate(argv):
+        if word == "--preset" and i + 1 < len(argv):
+            return argv[i + 1]
+        if word.startswith("--preset="):
+            return word.split("=", 1)[1]
+    return None
+
+
 if __name__ == "__main__":
-    sys.exit(main(tyro.cli(RunArgs)))
+    sys.exit(main(parse_args()))

@@ -99,6 +99,24 @@ class Args:
     run_name: str = field(default="", init=False)
 
 
+# `--preset atari`: the values of the page's Pong-v5 run (docs/apex.md, Results); flags given beside it still apply
+PRESETS = {
+    "atari": dict(
+        env_id="Pong-v5",
+        total_timesteps=1_500_000,
+        batch_size=64,
+        steps_per_update=16,
+        learning_rate=1e-4,
+        anneal_lr=False,
+        buffer_size=200_000,
+        learning_starts=50_000,
+        target_network_frequency=2500,
+        max_grad_norm=40.0,
+        gamma=0.99,
+    ),
+}
+
+
 # ----------------------------------------------------------------------------------------------- environment
 def make_env(env_id: str, num_envs: int, seed: int, num_threads: int = 1, **kwargs):
     """An envpool batch. Env i of the batch is seeded with seed + i. Atari gets DeepMind
@@ -816,6 +834,7 @@ class Infra:
     """The flags that keep a run alive, watched, reproducible and resumable, not what it learns."""
 
     exp_name: str = "apex"  # the name of this experiment (part of the run name)
+    preset: Optional[Literal[tuple(PRESETS)]] = None  # start from a preset's values (PRESETS, above the fold)
     torch_deterministic: bool = True  # deterministic CUDA kernels (the CPU kernels used here are anyway)
     cuda: bool = True  # run the learner on CUDA when it is available (actors always run on the CPU)
     track: bool = False  # log to Weights & Biases as well as TensorBoard
@@ -1790,5 +1809,31 @@ def finish_distributed(args: RunArgs, exit_code: int, bridges: list) -> None:
     dist.destroy_process_group()
 
 
+# ----------------------------------------------------------------------------------------------- command line
+def parse_args() -> RunArgs:
+    """The command line over the defaults, or over a preset's values when it names one (`--preset atari`), so
+    that every flag keeps its meaning beside a preset. An Atari --env-id without a preset gets a warning."""
+    preset = preset_named(sys.argv[1:])
+    defaults = RunArgs(**PRESETS[preset], preset=preset) if preset in PRESETS else RunArgs()
+    args = tyro.cli(RunArgs, default=defaults)
+    atari = args.env_id in envpool.list_all_envs() and len(envpool.make_spec(args.env_id).observation_space.shape) == 3
+    if atari and args.preset is None and os.environ.get("RANK", "0") == "0":
+        print(
+            f"warning: {args.env_id} with the CartPole defaults; --preset atari sets the tested Atari values",
+            file=sys.stderr,
+        )
+    return args
+
+
+def preset_named(argv: list) -> Optional[str]:
+    """The value of --preset on the command line (None without one), read before tyro parses the rest."""
+    for i, word in enumerate(argv):
+        if word == "--preset" and i + 1 < len(argv):
+            return argv[i + 1]
+        if word.startswith("--preset="):
+            return word.split("=", 1)[1]
+    return None
+
+
 if __name__ == "__main__":
-    sys.exit(main(tyro.cli(RunArgs)))
+    sys.exit(main(parse_args()))

@@ -26,7 +26,7 @@ import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
-from typing import Optional
+from typing import Literal, Optional
 
 # under torchrun, die with the agent (prctl's PR_SET_PDEATHSIG), asked before the slow imports: see
 # "the torchrun death request" below the fold
@@ -86,6 +86,26 @@ class Args:
     batch_size: int = field(default=0, init=False)
     num_updates: int = field(default=0, init=False)
     run_name: str = field(default="", init=False)
+
+
+# `--preset atari`: CleanRL's Atari PPO values, those of the page's Pong-v5 runs (docs/ddppo.md, Results);
+# flags given beside it still apply
+PRESETS = {
+    "atari": dict(
+        env_id="Pong-v5",
+        total_timesteps=10_000_000,
+        local_num_envs=8,
+        num_steps=128,
+        num_minibatches=4,
+        update_epochs=4,
+        learning_rate=2.5e-4,
+        gamma=0.99,
+        gae_lambda=0.95,
+        clip_coef=0.1,
+        clip_vloss=True,
+        ent_coef=0.01,
+    ),
+}
 
 
 # ----------------------------------------------------------------------------------------------- environment
@@ -616,6 +636,7 @@ class Infra:
     """The flags that keep a run alive, watched, reproducible and resumable, not what it learns."""
 
     exp_name: str = "ddppo"  # the name of this experiment (part of the run name)
+    preset: Optional[Literal[tuple(PRESETS)]] = None  # start from a preset's values (PRESETS, above the fold)
     torch_deterministic: bool = True  # deterministic CUDA kernels (the CPU kernels used here are anyway)
     cuda: bool = True  # use CUDA when it is available
     track: bool = False  # log to Weights & Biases as well as TensorBoard
@@ -1140,5 +1161,31 @@ def finish_distributed(args: RunArgs) -> None:
         dist.destroy_process_group()
 
 
+# ----------------------------------------------------------------------------------------------- command line
+def parse_args() -> RunArgs:
+    """The command line over the defaults, or over a preset's values when it names one (`--preset atari`), so
+    that every flag keeps its meaning beside a preset. An Atari --env-id without a preset gets a warning."""
+    preset = preset_named(sys.argv[1:])
+    defaults = RunArgs(**PRESETS[preset], preset=preset) if preset in PRESETS else RunArgs()
+    args = tyro.cli(RunArgs, default=defaults)
+    atari = args.env_id in envpool.list_all_envs() and len(envpool.make_spec(args.env_id).observation_space.shape) == 3
+    if atari and args.preset is None and os.environ.get("RANK", "0") == "0":
+        print(
+            f"warning: {args.env_id} with the CartPole defaults; --preset atari sets the tested Atari values",
+            file=sys.stderr,
+        )
+    return args
+
+
+def preset_named(argv: list) -> Optional[str]:
+    """The value of --preset on the command line (None without one), read before tyro parses the rest."""
+    for i, word in enumerate(argv):
+        if word == "--preset" and i + 1 < len(argv):
+            return argv[i + 1]
+        if word.startswith("--preset="):
+            return word.split("=", 1)[1]
+    return None
+
+
 if __name__ == "__main__":
-    sys.exit(main(tyro.cli(RunArgs)))
+    sys.exit(main(parse_args()))

@@ -76,16 +76,16 @@ class Args:
     num_envs: int = 8  # environments stepped by each actor
     unroll_length: int = 20  # steps per unroll (paper: 20)
     batch_size: int = 8  # trajectories (one env's unroll each) per learner update (paper: 32); a multiple of num_envs
-    gamma: float = 0.995  # discount factor (0.995 rather than 0.99: see docs/seed.md, Defaults)
+    gamma: float = 0.995  # discount factor (0.995 rather than 0.99: see docs/seed.md, Deviations)
     rho_bar: float = 1.0  # V-trace's truncation of the importance weights rho (paper: 1)
     c_bar: float = 1.0  # V-trace's truncation of the trace coefficients c (paper: 1)
     vtrace_lambda: float = 1.0  # lambda scaling the trace coefficients, c_i = lambda min(c_bar, pi/mu) (paper: 1)
-    ent_coef: float = 0.02  # entropy bonus coefficient (0.02 rather than 0.01: see docs/seed.md, Defaults)
+    ent_coef: float = 0.02  # entropy bonus coefficient (0.02 rather than 0.01: see docs/seed.md, Deviations)
     vf_coef: float = 0.5  # baseline (value) loss coefficient
     norm_reward: tyro.conf.DisallowNone[Optional[bool]] = None
     """divide rewards by the running std of the discounted return (default: on for vector
     observations; off for images, whose rewards are clipped to [-1, 1] as in the paper; see
-    docs/seed.md, Defaults)"""
+    docs/seed.md, Deviations)"""
     clip_reward: float = 10.0  # scaled rewards are clipped to [-clip_reward, clip_reward]
     max_grad_norm: float = 0.5  # global grad-norm clip (paper: 40 for summed losses; see docs)
     # --- distributed ---
@@ -101,6 +101,20 @@ class Args:
     total_actors: int = field(default=0, init=False)
     num_updates: int = field(default=0, init=False)
     run_name: str = field(default="", init=False)
+
+
+# `--preset atari`: the values of the page's Pong-v5 runs (docs/seed.md, Results); flags given beside it still apply
+PRESETS = {
+    "atari": dict(
+        env_id="Pong-v5",
+        total_timesteps=10_000_000,
+        batch_size=8,
+        learning_rate=3e-4,
+        gamma=0.99,
+        ent_coef=0.0006,
+        max_grad_norm=40.0,
+    ),
+}
 
 
 # ----------------------------------------------------------------------------------------------- environment
@@ -810,6 +824,7 @@ class Infra:
     """The flags that keep a run alive, watched, reproducible and resumable, not what it learns."""
 
     exp_name: str = "seed"  # the name of this experiment (part of the run name)
+    preset: Optional[Literal[tuple(PRESETS)]] = None  # start from a preset's values (PRESETS, above the fold)
     torch_deterministic: bool = True  # deterministic CUDA kernels (the CPU kernels used here are anyway)
     cuda: bool = True  # run the learner's inference and training on CUDA when it is available (actors have no model)
     track: bool = False  # log to Weights & Biases as well as TensorBoard
@@ -1560,5 +1575,31 @@ def start_bridges(args: RunArgs, groups: dict, slots: dict, pipes: list, control
     return bridges
 
 
+# ----------------------------------------------------------------------------------------------- command line
+def parse_args() -> RunArgs:
+    """The command line over the defaults, or over a preset's values when it names one (`--preset atari`), so
+    that every flag keeps its meaning beside a preset. An Atari --env-id without a preset gets a warning."""
+    preset = preset_named(sys.argv[1:])
+    defaults = RunArgs(**PRESETS[preset], preset=preset) if preset in PRESETS else RunArgs()
+    args = tyro.cli(RunArgs, default=defaults)
+    atari = args.env_id in envpool.list_all_envs() and len(envpool.make_spec(args.env_id).observation_space.shape) == 3
+    if atari and args.preset is None and os.environ.get("RANK", "0") == "0":
+        print(
+            f"warning: {args.env_id} with the CartPole defaults; --preset atari sets the tested Atari values",
+            file=sys.stderr,
+        )
+    return args
+
+
+def preset_named(argv: list) -> Optional[str]:
+    """The value of --preset on the command line (None without one), read before tyro parses the rest."""
+    for i, word in enumerate(argv):
+        if word == "--preset" and i + 1 < len(argv):
+            return argv[i + 1]
+        if word.startswith("--preset="):
+            return word.split("=", 1)[1]
+    return None
+
+
 if __name__ == "__main__":
-    sys.exit(main(tyro.cli(RunArgs)))
+    sys.exit(main(parse_args()))

@@ -66,49 +66,38 @@ PEER_LINE = re.compile(r"global_step=(\d+), episodic_return=(-?[\d.]+)")
 # what every one of our runs adds: checkpoints continued by the next invocation, the final evaluation's video
 OURS = ["--exp-name", "bench", "--resume", "--capture-video"]
 
-# entry -> command for one seed ("{seed}" filled in); ours checkpoint about every 5 minutes of this machine
-# IMPALA and SEED: entropy cost 0.0006 as monobeast (DeepMind's scalable_agent: 0.00025); with 0.01 the policy
-# stayed uniform (entropy 1.785 of ln 6 = 1.792) over the first 1.85M steps here (raw/atari/impala_1.ent0.01).
-# Batch 8 unrolls (160 steps) rather than the paper's 32: on 2 cores the learner is the bottleneck and a batch
-# of 32 gives one update per 640 steps; it was still at -19.9 after 3.4M steps (raw/atari/impala_1.b32)
+# entry -> command for one seed ("{seed}" filled in): each file's `--preset atari` (its PRESETS), plus how often it
+# checkpoints (about every 5 minutes of this machine) and its threads. IMPALA's and SEED's presets: entropy cost
+# 0.0006 as monobeast (DeepMind's scalable_agent: 0.00025); with 0.01 the policy stayed uniform (entropy 1.785 of
+# ln 6 = 1.792) over the first 1.85M steps here (raw/atari/impala_1.ent0.01). Batch 8 unrolls (160 steps) rather
+# than the paper's 32: on 2 cores the learner is the bottleneck and a batch of 32 gives one update per 640 steps;
+# it was still at -19.9 after 3.4M steps (raw/atari/impala_1.b32)
 ENTRIES = {
-    "impala": [PY, str(ROOT / "algos/impala.py"), "--seed", "{seed}", "--env-id", "Pong-v5", "--batch-size", "8"]
-    + ["--learning-rate", "3e-4", "--total-timesteps", "10000000", "--gamma", "0.99", "--ent-coef", "0.0006"]
-    + ["--max-grad-norm", "40", "--torch-threads", "2", "--checkpoint-every", "300", *OURS],
-    "seed": [PY, str(ROOT / "algos/seed.py"), "--seed", "{seed}", "--env-id", "Pong-v5", "--batch-size", "8"]
-    + ["--learning-rate", "3e-4", "--total-timesteps", "10000000", "--gamma", "0.99", "--ent-coef", "0.0006"]
-    + ["--max-grad-norm", "40", "--torch-threads", "2", "--checkpoint-every", "300", *OURS],
-    "ddppo": [PY, str(ROOT / "algos/ddppo.py"), "--seed", "{seed}", "--env-id", "Pong-v5", "--local-num-envs", "8"]
-    + ["--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "4", "--learning-rate", "2.5e-4"]
-    + ["--gamma", "0.99", "--gae-lambda", "0.95", "--clip-coef", "0.1", "--clip-vloss", "--ent-coef", "0.01"]
-    + ["--total-timesteps", "10000000", "--env-threads", "2", "--torch-threads", "2"]
-    + ["--checkpoint-every", "100", *OURS],
-    # A3C: Adam with shared moments (the file's default optimizer) at CleanRL's Atari PPO rate 2.5e-4, t_max 5,
-    # entropy 0.01, clip 40; 8 envs per worker rather than the paper's 1 (batched inference: two workers on two
-    # cores). The paper's shared RMSProp (lr 7e-4, decay 0.99) failed here for its unstated eps: 0.1 (3.94M
+    "impala": [PY, str(ROOT / "algos/impala.py"), "--seed", "{seed}", "--preset", "atari"]
+    + ["--torch-threads", "2", "--checkpoint-every", "300", *OURS],
+    "seed": [PY, str(ROOT / "algos/seed.py"), "--seed", "{seed}", "--preset", "atari"]
+    + ["--torch-threads", "2", "--checkpoint-every", "300", *OURS],
+    "ddppo": [PY, str(ROOT / "algos/ddppo.py"), "--seed", "{seed}", "--preset", "atari"]
+    + ["--env-threads", "2", "--torch-threads", "2", "--checkpoint-every", "100", *OURS],
+    # A3C's preset: Adam with shared moments (the file's default optimizer) at CleanRL's Atari PPO rate 2.5e-4,
+    # t_max 5, entropy 0.01, clip 40; 8 envs per worker rather than the paper's 1 (batched inference: two workers
+    # on two cores). The paper's shared RMSProp (lr 7e-4, decay 0.99) failed here for its unstated eps: 0.1 (3.94M
     # steps, raw/atari/a3c_1.eps01) and 1e-5 (1.03M, a3c_1.eps1e5) swamped the mean squared gradient (3e-7,
     # 1e-8): steps 1/1900 and 1/160 of RMSProp's, the policy uniform; 1e-10 (1.84M, a3c_1.eps1e10) took full
     # steps from a zero average and the conv layers died (gradients about 1e-10), the policy uniform again
-    "a3c": [PY, str(ROOT / "algos/a3c.py"), "--seed", "{seed}", "--env-id", "Pong-v5", "--num-envs", "8"]
-    + ["--optimizer", "adam", "--learning-rate", "2.5e-4", "--gamma", "0.99", "--max-grad-norm", "40"]
-    + ["--total-timesteps", "10000000", "--checkpoint-every", "2000", *OURS],
-    # Ape-X: the paper's n 3, alpha 0.6, beta 0.4, target copy every 2500 updates, clip 40, gamma 0.99; batch 64
-    # (512) and one update per 16 steps (4 sampled transitions per step), replay 200k (2M; 11.3 GB of frames);
-    # 1.5M steps (6M frames), as 10M would take 19 h at its 144 steps/s here (seed 1 ran its first 1.14M steps
-    # under --total-timesteps 10000000, which a resume may change)
-    "apex": [PY, str(ROOT / "algos/apex.py"), "--seed", "{seed}", "--env-id", "Pong-v5", "--batch-size", "64"]
-    + ["--steps-per-update", "16", "--learning-rate", "1e-4", "--no-anneal-lr", "--buffer-size", "200000"]
-    + ["--learning-starts", "50000", "--target-network-frequency", "2500", "--max-grad-norm", "40"]
-    + ["--gamma", "0.99", "--total-timesteps", "1500000", "--torch-threads", "2", "--checkpoint-every", "2000"]
-    + [*OURS],
-    # R2D2: the paper's burn-in 40, sequences of 80 overlapping by 40, n 5, gamma 0.997, lr 1e-4, batch 64,
-    # target copy every 2500 updates; replay 4k sequences (100k; 3.42 MB each: 13.7 GB, r2d2.md). Meant for a
+    "a3c": [PY, str(ROOT / "algos/a3c.py"), "--seed", "{seed}", "--preset", "atari"]
+    + ["--checkpoint-every", "2000", *OURS],
+    # Ape-X's preset: the paper's n 3, alpha 0.6, beta 0.4, target copy every 2500 updates, clip 40, gamma 0.99;
+    # batch 64 (512) and one update per 16 steps (4 sampled transitions per step), replay 200k (2M; 11.3 GB of
+    # frames); 1.5M steps (6M frames), as 10M would take 19 h at its 144 steps/s here (seed 1 ran its first 1.14M
+    # steps under --total-timesteps 10000000, which a resume may change)
+    "apex": [PY, str(ROOT / "algos/apex.py"), "--seed", "{seed}", "--preset", "atari"]
+    + ["--torch-threads", "2", "--checkpoint-every", "2000", *OURS],
+    # R2D2's preset: the paper's burn-in 40, sequences of 80 overlapping by 40, n 5, gamma 0.997, lr 1e-4, batch
+    # 64, target copy every 2500 updates; replay 4k sequences (100k; 3.42 MB each: 13.7 GB, r2d2.md). Meant for a
     # GPU learner; on 2 CPU cores only its throughput is measured (`throughput`)
-    "r2d2": [PY, str(ROOT / "algos/r2d2.py"), "--seed", "{seed}", "--env-id", "Pong-v5", "--burn-in", "40"]
-    + ["--sequence-length", "80", "--sequence-overlap", "40", "--gamma", "0.997", "--learning-rate", "1e-4"]
-    + ["--batch-size", "64", "--buffer-size", "4000", "--target-network-frequency", "2500"]
-    + ["--learning-starts", "50000", "--no-anneal-lr", "--steps-per-update", "64", "--beta", "0"]
-    + ["--total-timesteps", "10000000", "--torch-threads", "2", "--checkpoint-every", "500", *OURS],
+    "r2d2": [PY, str(ROOT / "algos/r2d2.py"), "--seed", "{seed}", "--preset", "atari"]
+    + ["--torch-threads", "2", "--checkpoint-every", "500", *OURS],
     "cleanrl_ppo": [str(PEER_VENV / "bin" / "python"), str(PEER_FILE), "--seed", "{seed}", "--env-id", "Pong-v5"]
     + ["--no-cuda"],
 }
@@ -116,7 +105,7 @@ ENTRIES = {
 
 # DD-PPO with 4M steps (its learning rate annealed over 4M rather than CleanRL's 10M): a run that ends, with its
 # final evaluation and video, in about 3 h of this machine (the 10M run needs about 8 h)
-ENTRIES["ddppo_4m"] = [{"10000000": "4000000"}.get(part, part) for part in ENTRIES["ddppo"]]
+ENTRIES["ddppo_4m"] = ENTRIES["ddppo"] + ["--total-timesteps", "4000000"]
 
 
 def make_peer_venv() -> None:

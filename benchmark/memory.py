@@ -1,4 +1,4 @@
-"""Resident memory of every process of a run, sampled over several minutes (issue "Reliability": bounded resources).
+"""Resident memory of every process of a run, sampled over several minutes: bounded resources.
 
 Each file runs as a user starts it (`python algos/<file>.py --env-id CartPole-v1` with its defaults and a budget it
 will not reach) in a session of its own. Every 2 s this reads, for each process of the session, its resident set

@@ -1,5 +1,5 @@
 """Learning curves from the runs benchmark/run.py kept: charts/episodic_return of every seed against wall time
-since process start and against environment steps, with the reward threshold.
+since training start and against environment steps, with the reward threshold.
 
   python benchmark/plot.py ddppo --entry ddppo --out docs/img/ddppo_cartpole.png
   python benchmark/plot.py evolution_mujoco --entry ga_hopper --key charts/elite_return --threshold 0 --out x.png
@@ -27,14 +27,24 @@ def curves(run_dir: Path, key: str = "charts/episodic_return"):
     return [e.step for e in events], [e.wall_time for e in events], [e.value for e in events]
 
 
+def training_start(run_dir: Path, summary: dict, steps: list, walls: list) -> float:
+    """The wall time at which the run's training began. A run that reached its threshold logged the crossing at
+    `threshold_step`, `time_to_threshold_s` seconds into training: the start lies that far before the event. A run
+    that did not: the summary's write time less the run's wall time, plus its start-up (the final evaluation's
+    seconds of error)."""
+    reached = [wall for step, wall in zip(steps, walls, strict=True) if step >= (summary.get("threshold_step") or -1)]
+    if summary.get("time_to_threshold_s") is not None and reached:
+        return reached[0] - summary["time_to_threshold_s"]
+    return (run_dir / "summary.json").stat().st_mtime - summary["wall_time_s"] + summary["startup_s"]
+
+
 def seed_runs(raw: Path, entry: str, key: str):
-    """Every kept seed of an entry: its summary, and the scalar's steps, seconds since process start and values."""
+    """Every kept seed of an entry: its summary, and the scalar's steps, seconds since training start and values."""
     for seed_dir in sorted(d for d in raw.glob(f"{entry}_*") if d.name[len(entry) + 1 :].isdigit()):
         run_dir = next(seed_dir.glob("runs/*"))
         summary = json.loads((run_dir / "summary.json").read_text())
         steps, walls, values = curves(run_dir, key)
-        # process start = (time the summary was written) - wall_time_s
-        t0 = (run_dir / "summary.json").stat().st_mtime - summary["wall_time_s"]
+        t0 = training_start(run_dir, summary, steps, walls)
         yield summary, steps, [w - t0 for w in walls], values
 
 
@@ -50,7 +60,7 @@ def pyplot():
 
 
 def panel(raw: Path, entry: str, key: str):
-    """An entry's overview panel: its title, and per seed the line (seconds since process start, return) and
+    """An entry's overview panel: its title, and per seed the line (seconds since training start, return) and
     whether it is a 20-episode mean (one logged point per episode) or the logged means of generations or rounds
     (ES, GA, federated PG: each point already a mean of many episodes)."""
     runs = list(seed_runs(raw, entry, OVERVIEW_KEY.get(entry, key)))
@@ -66,7 +76,7 @@ def panel(raw: Path, entry: str, key: str):
 
 
 def overview(raw: Path, suite: str, threshold: float, key: str):
-    """Every entry of the suite in its own panel: each seed's returns against seconds since process start."""
+    """Every entry of the suite in its own panel: each seed's returns against seconds since training start."""
     plt = pyplot()
     entries = [name for name in run.SUITES[suite] if any(raw.glob(f"{name}_*/runs/*/summary.json"))]
     columns = 3
@@ -83,7 +93,7 @@ def overview(raw: Path, suite: str, threshold: float, key: str):
     for ax in axes.flat[len(entries) :]:
         ax.axis("off")
     for ax in axes[-1]:
-        ax.set_xlabel("seconds since process start")
+        ax.set_xlabel("seconds of training")
     for ax in axes[:, 0]:
         ax.set_ylabel("return")
     fig.suptitle(
@@ -101,8 +111,9 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--threshold", type=float, default=475.0, help="dashed line (0: none)")
     p.add_argument("--key", default="charts/episodic_return", help="TensorBoard scalar to plot")
+    p.add_argument("--runs-dir", help="the suite's runs (benchmark/run.py's --runs-dir; default: results/raw/SUITE)")
     a = p.parse_args()
-    raw = ROOT / "benchmark" / "results" / "raw" / a.suite
+    raw = Path(a.runs_dir) if a.runs_dir else ROOT / "benchmark" / "results" / "raw" / a.suite
     if a.overview:
         fig = overview(raw, a.suite, a.threshold, a.key)
     elif a.entry:
@@ -121,7 +132,7 @@ def entry_figure(raw: Path, a):
         label = f"seed {summary['seed']}"
         ax_t.plot(seconds, values, lw=0.8, label=label)
         ax_s.plot(steps, values, lw=0.8, label=label)
-    for ax, xlabel in [(ax_t, "seconds since process start (imports included)"), (ax_s, "environment steps")]:
+    for ax, xlabel in [(ax_t, "seconds of training"), (ax_s, "environment steps")]:
         if a.threshold:
             ax.axhline(a.threshold, color="k", ls="--", lw=0.8)
         ax.set_xlabel(xlabel)

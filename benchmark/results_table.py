@@ -6,11 +6,11 @@ that they cannot drift from them.
 
 Each row is one file's latest 10-seed final evaluation with its defaults (`benchmark/run.py final_eval ...`),
 read from the results file named in SOURCES: the final greedy evaluation against the task's threshold, medians of
-the final evaluation, of the time to threshold and of steps/s, and the machine and commit of the run. A time
-measured before the training clock existed (its runs have no `startup_s`) counted from process start, and the
-row says so. The comparison table of docs/index.md puts each file's design (typed here: what the files do) beside
-its measured wire traffic (benchmark/results/scaling_cartpole.json) and its CartPole medians (the same records as
-README's rows). tests/test_benchmark.py runs the check.
+the final evaluation, of the time to threshold (from training start) and of steps/s, and the machine and commit of
+the run. A record measured before the training clock existed (its runs have no `startup_s`) is refused. The
+comparison table of docs/index.md puts each file's design (typed here: what the files do) beside its measured wire
+traffic (benchmark/results/scaling_cartpole.json) and its CartPole medians (the same records as README's rows).
+tests/test_benchmark.py runs the check.
 """
 
 import argparse
@@ -30,18 +30,18 @@ INDEX_END = "<!-- end of index table -->"
 # (file as the README names it, task, results file, entry in that file)
 SOURCES = [
     ("DD-PPO", "CartPole-v1", "final_eval_ddppo_cartpole.json", "ddppo"),
-    ("IMPALA", "CartPole-v1", "final_eval_impala_cartpole.json", "impala"),
-    ("SEED", "CartPole-v1", "final_eval_actor_learner_cartpole.json", "seed"),
-    ("A3C", "CartPole-v1", "final_eval_a3c_cartpole.json", "a3c"),
+    ("IMPALA", "CartPole-v1", "final_eval_clock_cartpole.json", "impala"),
+    ("SEED", "CartPole-v1", "final_eval_clock_cartpole.json", "seed"),
+    ("A3C", "CartPole-v1", "final_eval_clock_cartpole.json", "a3c"),
     ("Ape-X", "CartPole-v1", "final_eval_apex_alone_cartpole.json", "apex"),
     ("R2D2", "CartPole-v1, velocities masked", "final_eval_r2d2_b40k_cartpole_amd.json", "r2d2"),
-    ("ES", "CartPole-v1", "final_eval_evolution_cartpole.json", "es"),
-    ("Deep GA", "CartPole-v1", "final_eval_evolution_cartpole.json", "ga"),
-    ("Federated PG (FedAvg)", "CartPole-v1", "final_eval_fedpg_cartpole.json", "fedpg"),
+    ("ES", "CartPole-v1", "final_eval_clock_cartpole.json", "es"),
+    ("Deep GA", "CartPole-v1", "final_eval_clock_cartpole.json", "ga"),
+    ("Federated PG (FedAvg)", "CartPole-v1", "final_eval_clock_cartpole.json", "fedpg"),
     (
         "Federated PG (FedPG-BR, 3 of 10 clients sign-flipping)",
         "CartPole-v1",
-        "final_eval_fedpg_cartpole.json",
+        "final_eval_clock_fedpg_br_cartpole.json",
         "fedpg_br_signflip",
     ),
 ]
@@ -61,8 +61,11 @@ def row(name: str, task: str, filename: str, entry: str) -> list:
     record = json.loads((RESULTS / filename).read_text())
     t = record["table"][entry]
     runs = record["runs"][entry]
-    clock = "" if all("startup_s" in run for run in runs) else " from process start"
-    reached = f"{t['time_to_threshold_median_s']:.1f} s{clock} ({t['reached']}/{t['runs']} reached)"
+    if not all("startup_s" in run for run in runs):
+        sys.exit(
+            f"{filename}: runs measured before the training clock (no startup_s); every time counts from training start"
+        )
+    reached = f"{t['time_to_threshold_median_s']:.1f} s ({t['reached']}/{t['runs']} reached)"
     machine = record["machine"]
     return [
         name,

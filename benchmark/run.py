@@ -165,7 +165,7 @@ SUITES = {
         "r2d2_masked_120k": [*R2D2_MASKED, "--total-timesteps", "120000"],
         "apex_masked_120k": [*APEX, "--mask-velocity", "--total-timesteps", "120000"],
         "apex_100k": [*APEX, "--total-timesteps", "100000"],
-        # shorter budgets for the suite's time (issue "Scale for real"): the floor, not the threshold
+        # shorter budgets for the suite's time: the floor, not the threshold
         "r2d2_masked_80k": [*R2D2_MASKED, "--total-timesteps", "80000"],
         "apex_60k": [*APEX, "--total-timesteps", "60000"],
         "impala_150k": [PY, str(ROOT / "algos/impala.py"), "--seed", "{seed}", "--exp-name", "bench"]

@@ -1,7 +1,7 @@
 """Hashes of the trained weights of each file's deterministic configurations.
 
-A refactoring that must not change training (issue "Read like the best single-file code") is checked by running
-this script on the tree before and after and comparing the lines: the same configuration must give the same hash.
+A refactoring that must not change training is checked by running this script on the tree before and after and
+comparing the lines: the same configuration must give the same hash.
 
   python benchmark/training_bits.py                       # every configuration, this tree
   python benchmark/training_bits.py --tree ../base ddppo  # the configurations of ddppo.py, another checkout

@@ -348,7 +348,8 @@ def test_overview_panel_is_a_20_episode_mean_per_seed_or_the_logged_generation_m
             for episode in range(points):
                 writer.add_scalar("charts/episodic_return", 2.0 * episode, 100 * (episode + 1))
             writer.close()
-            (run_dir / "summary.json").write_text(json.dumps({"env_id": "CartPole-v1", "seed": seed, "wall_time_s": 1}))
+            summary = {"env_id": "CartPole-v1", "seed": seed, "wall_time_s": 1, "startup_s": 0.5}
+            (run_dir / "summary.json").write_text(json.dumps(summary))
     title, lines = plot.panel(tmp_path, "ddppo", "charts/episodic_return")
     assert title == "ddppo (CartPole-v1)" and len(lines) == 2
     seconds, values, per_episode = lines[0]
@@ -356,6 +357,21 @@ def test_overview_panel_is_a_20_episode_mean_per_seed_or_the_logged_generation_m
     assert values == pytest.approx([2.0 * (i + 9.5) for i in range(101)])
     title, lines = plot.panel(tmp_path, "es", "charts/episodic_return")
     assert title == "es (CartPole-v1)" and lines[0][1:] == ([2.0 * i for i in range(6)], False)
+
+
+def test_the_curves_count_seconds_from_training_start(tmp_path):
+    """A run that reached its threshold at step 300, 7 s into training, logged that step at wall time 1007: its
+    training began at 1000. A run that did not: the summary's write time less its wall time, plus its start-up."""
+    import plot
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text("{}")
+    reached = {"threshold_step": 300, "time_to_threshold_s": 7.0, "wall_time_s": 30.0, "startup_s": 2.0}
+    assert plot.training_start(run_dir, reached, [100, 200, 300, 400], [1001.0, 1004.0, 1007.0, 1009.0]) == 1000.0
+    written = (run_dir / "summary.json").stat().st_mtime
+    missed = {"threshold_step": None, "time_to_threshold_s": None, "wall_time_s": 30.0, "startup_s": 2.0}
+    assert plot.training_start(run_dir, missed, [100], [1001.0]) == pytest.approx(written - 28.0)
 
 
 def test_pong_figures_of_apex_and_r2d2_count_only_their_least_exploring_envs(tmp_path, monkeypatch):

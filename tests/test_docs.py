@@ -254,3 +254,103 @@ def test_the_voice_and_path_checks_find_what_they_forbid_and_nothing_else(tmp_pa
         "path ../shared/anchors.md, outside the repository",
         "path /work/main/, outside the repository",
     ]
+
+
+ALGORITHM_PAGES = [
+    ROOT / "docs" / f"{name}.md" for name in ["a3c", "apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"]
+]
+# docs/conventions.md §9a: the sections of every algorithm page, in order
+SHAPE = [
+    "Overview",
+    "Key equations",
+    "Pseudocode",
+    "Architecture",
+    "Usage",
+    "Implementation details",
+    "Deviations from the paper",
+    "Logged metrics",
+    "Results",
+    "Reproducibility",
+    "Exercises",
+    "References",
+]
+
+
+def sections(page: Path) -> dict:
+    """The page's `## ` sections, heading -> text, in order, outside code blocks."""
+    found = {}
+    current = None
+    in_code = False
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        if line.startswith("## ") and not in_code:
+            current = line[3:].strip()
+            found[current] = ""
+        elif current is not None:
+            found[current] += line + "\n"
+    return found
+
+
+def shape_problems(page: Path) -> list:
+    """What the page lacks of §9a's shape: its sections in order, rendered equations, a pseudocode block with its
+    line links, a results table with its provenance line."""
+    found = sections(page)
+    problems = [] if list(found) == SHAPE else [f"sections {list(found)}, not {SHAPE}"]
+    equations = found.get("Key equations", "")
+    if "$$" not in equations or "](../algos/" not in equations:
+        problems.append("Key equations: no $$ block, or no line link to the function computing it")
+    pseudocode = found.get("Pseudocode", "")
+    if "```text" not in pseudocode or "](../algos/" not in pseudocode:
+        problems.append("Pseudocode: no ```text block, or no line link to its functions")
+    results = found.get("Results", "")
+    if not re.search(r"^\|.*\|$", results, re.M) or not re.search(r"Provenance:.*\]\(\.\./benchmark/results/", results):
+        problems.append("Results: no table, or no `Provenance:` line linking its results file")
+    return problems
+
+
+@pytest.mark.parametrize("page", ALGORITHM_PAGES, ids=lambda p: p.name)
+def test_every_algorithm_page_has_the_shape_of_the_conventions(page):
+    problems = shape_problems(page)
+    assert not problems, f"{page.name}: " + "; ".join(problems)
+
+
+# a figure in a heading: a number standing alone (not part of a name such as Pong-v5, R2D2 or A3C), other than a
+# leading section number ("## 3. Args") or a date ("## 2026-12-02: ...", in the log)
+FIGURE = re.compile(r"(?<![\w.-])\d[\d.,]*(?![\w-])|(?<![\w.-])\d[\d.,]*[kKMh%]\b")
+
+
+def figures_in_headings(page: Path) -> list:
+    found = []
+    in_code = False
+    for number, line in enumerate(page.read_text().splitlines(), 1):
+        if line.startswith("```"):
+            in_code = not in_code
+        match = re.match(r"#{1,6} (?:\d+[a-z]?\. )?(?:\d{4}-\d\d-\d\d: )?(.*)", line)
+        if match and not in_code:
+            found += [
+                f"{page.name}:{number}: {line}" for _ in FIGURE.findall(re.sub(r"`[^`]*`", "", match.group(1)))[:1]
+            ]
+    return found
+
+
+@pytest.mark.parametrize("page", [page for page in PAGES if page.name != "diffs.md"], ids=lambda p: p.name)
+def test_headings_carry_no_figures(page):
+    found = figures_in_headings(page)
+    assert not found, "a figure in a heading (put it in the text, so a new run renames no anchor):\n" + "\n".join(found)
+
+
+def test_the_shape_and_heading_checks_find_what_they_forbid(tmp_path):
+    page = tmp_path / "x.md"
+    good = [f"## {name}\n" for name in SHAPE]
+    good[1] += "$$a = b$$\n[`def f(`](../algos/x.py#L1)\n"
+    good[2] += "```text\nloop\n```\n[`f`](../algos/x.py#L1)\n"
+    good[8] += "| a | b |\n|---|---|\nProvenance: `cmd`, AMD EPYC, commit `abc`, [f](../benchmark/results/f.json)\n"
+    page.write_text("# X\n" + "".join(good) + "### Pong-v5 beside R2D2 and A3C\n## 3. Args\n")
+    assert shape_problems(page) == [f"sections {SHAPE + ['3. Args']}, not {SHAPE}"]
+    assert figures_in_headings(page) == []
+    page.write_text(
+        "# X\n## Overview\n### Seed 1: 18 after 1.02M steps\n### Final evaluation over 10 seeds\n## 1,024 workers\n"
+    )
+    assert len(shape_problems(page)) == 4
+    assert [line.split(": ", 1)[0] for line in figures_in_headings(page)] == ["x.md:3", "x.md:4", "x.md:5"]

@@ -1,13 +1,17 @@
 """The layout of docs/conventions.md §1: each folded file reads as its algorithm down to main(), one fold line
 follows main(), the infrastructure lies below it, and the part above the fold stays near its recorded size. And
-every flag that a command in README.md, docs/, scripts/ or the benchmark suites passes to a file exists."""
+every command in README.md, docs/, scripts/ or the benchmark suites runs a file with flags it has: each documented
+command parses with the file's own parser, and each Atari preset holds the values of the file's recorded Pong run."""
 
 import ast
+import functools
+import json
 import re
 import sys
 from dataclasses import fields
 
 import pytest
+import tyro
 from conftest import ALGOS, ROOT, command_line_args, load_algo
 
 sys.path.insert(0, str(ROOT / "benchmark"))
@@ -15,6 +19,7 @@ import atari  # noqa: E402
 import run  # noqa: E402
 
 ALL = ["a3c", "apex", "ddppo", "es", "fedpg", "ga", "impala", "r2d2", "seed"]
+ATARI = ["a3c", "apex", "ddppo", "impala", "r2d2", "seed"]  # the files with `--preset atari`
 # definitions that belong below the fold in every file that has them: flags, checks, checkpoints, determinism,
 # health checks, signals, torchrun plumbing and bookkeeping
 INFRASTRUCTURE = {
@@ -68,6 +73,8 @@ INFRASTRUCTURE = {
     "remote_bridge",
     "start_bridges",
     "run_remote_actor",
+    "parse_args",
+    "preset_named",
 }
 CONVENTIONS = ROOT / "docs" / "conventions.md"
 # a row of the fold table in docs/conventions.md: | file | lines above the fold | ...
@@ -108,7 +115,9 @@ def test_the_file_reads_as_its_algorithm_down_to_main_and_the_infrastructure_lie
     assert above[-1][1] == "main", f"{name}.py: the last definition above the fold is {above[-1][1]}, not main"
     misplaced = sorted(definition for _, definition in above if definition in INFRASTRUCTURE)
     assert not misplaced, f"{name}.py: infrastructure above the fold: {misplaced}"
-    assert lines[-2:] == ['if __name__ == "__main__":', "    sys.exit(main(tyro.cli(RunArgs)))"]
+    # the files with presets parse the command line below the fold (parse_args), the others with tyro alone
+    parse = "parse_args()" if name in ATARI else "tyro.cli(RunArgs)"
+    assert lines[-2:] == ['if __name__ == "__main__":', f"    sys.exit(main({parse}))"]
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -144,18 +153,25 @@ def flags_of(name: str) -> set:
     return names
 
 
-def documented_commands() -> list:
-    """(where, file, flags) of each command in README.md, docs/ and scripts/ that runs an algos/*.py file: the
-    flags after the file's name up to the end of the command (a line, joined over trailing backslashes)."""
+def documented_commands(code_only: bool = False) -> list:
+    """(where, file, words) of each command in README.md, docs/ and scripts/ that runs an algos/*.py file: the
+    words after the file's name up to the end of the command (a line, joined over trailing backslashes). With
+    code_only, only the commands a reader copies: those in the pages' code blocks (not docs/diffs.md, which
+    quotes the files' own docstrings) and the scripts'."""
     paths = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "scripts").iterdir())]
     found = []
     for path in paths:
-        text = path.read_text().replace("\\\n", " ")
-        for number, line in enumerate(text.splitlines(), 1):
-            for match in re.finditer(r"algos/(\w+)\.py((?:\s+[^\s`|;&)]+)*)", line):
+        if code_only and path.name == "diffs.md":
+            continue
+        in_code = path.suffix != ".md"
+        for number, line in enumerate(path.read_text().replace("\\\n", " ").splitlines(), 1):
+            if line.startswith("```"):
+                in_code = not in_code
+            if code_only and not in_code:
+                continue
+            for match in re.finditer(r"algos/(\w+)\.py((?:\s+[^\s`|;&)#]+)*)", line):
                 if match.group(1) in ALL:
-                    flags = [word.split("=")[0] for word in match.group(2).split() if word.startswith("--")]
-                    found.append((f"{path.relative_to(ROOT)}:{number}", match.group(1), flags))
+                    found.append((f"{path.relative_to(ROOT)}:{number}", match.group(1), match.group(2).split()))
     return found
 
 
@@ -185,36 +201,120 @@ def suite_commands() -> list:
 
 
 def test_every_flag_of_every_documented_command_exists():
-    commands = documented_commands() + suite_commands()
+    documented = [
+        (where, name, [word.split("=")[0] for word in words if word.startswith("--")])
+        for where, name, words in documented_commands()
+    ]
+    commands = documented + suite_commands()
     assert len({name for _, name, _ in commands}) == len(ALL), "a file with no command found"
     known = {name: flags_of(name) for name in ALL}
     unknown = [(where, name, flag) for where, name, flags in commands for flag in flags if flag not in known[name]]
     assert not unknown, unknown
 
 
-def flag_values(words: list) -> dict:
-    """--flag value pairs of a command's words (a flag without a value, such as --clip-vloss, maps to True)."""
-    values = {}
-    for index, word in enumerate(words):
-        if word.startswith("--"):
-            following = words[index + 1] if index + 1 < len(words) else "--"
-            values[word] = True if following.startswith("--") else following
-    return values
+@functools.lru_cache(maxsize=None)
+def algo(name: str):
+    """The file as a module, registered in sys.modules: tyro reads the flags' help from the source, which
+    inspect finds through it."""
+    module = load_algo(name)
+    sys.modules[module.__name__] = module
+    return module
+
+
+def parsed(name: str, words: list):
+    """What the file's own parser makes of a command's words: its parse_args (with its presets) where it has
+    one, tyro's otherwise. A word the parser refuses ends it with SystemExit, as on the command line."""
+    module = algo(name)
+    saved = sys.argv
+    sys.argv = [f"{name}.py", *words]
+    try:
+        return module.parse_args() if hasattr(module, "parse_args") else tyro.cli(module.RunArgs)
+    finally:
+        sys.argv = saved
+
+
+def shell_words(words: list) -> list:
+    """A documented command's words as the shell would pass them: `${NAME:-default}` its default, `$NAME` a 1,
+    quotes dropped; `"$@"` (the script's own arguments) and placeholders in angle brackets left out."""
+    out = []
+    for word in words:
+        word = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", word.strip("\"'"))
+        word = re.sub(r"\$\{?\w+\}?", "1", word)
+        if word and word != "$@" and not word.startswith("<") and word != "...":
+            out.append(word)
+    return out
+
+
+def test_every_documented_command_parses_with_its_files_own_parser(capsys):
+    refused = []
+    commands = documented_commands(code_only=True)
+    for where, name, words in commands:
+        try:
+            parsed(name, shell_words(words))
+        except SystemExit as exit:
+            if exit.code:
+                refused.append((where, name, " ".join(words), capsys.readouterr().err.strip().splitlines()[-3:]))
+    assert len({name for _, name, _ in commands}) == len(ALL), "a file with no command in a code block"
+    assert not refused, "\n".join(map(str, refused))
+
+
+def learning_values(name: str, args) -> dict:
+    """The algorithm's flags (its `Args`) but the seed and the budget: what a Pong run learns with."""
+    same_anyway = {"seed", "total_timesteps"}
+    return {
+        flag.name: getattr(args, flag.name)
+        for flag in fields(algo(name).Args)
+        if flag.init and flag.name not in same_anyway
+    }
+
+
+def recorded_pong_command(name: str) -> list:
+    """The recorded command of the file's best Pong-v5 run (benchmark/results/atari_pong.json); R2D2, which has no
+    Pong result, its measured throughput run's (atari_throughput.json)."""
+    results = ROOT / "benchmark" / "results"
+    if name == "r2d2":
+        command = json.loads((results / "atari_throughput.json").read_text())["r2d2"]["command"]
+    else:
+        runs = json.loads((results / "atari_pong.json").read_text())["runs"]
+        ours = [run for run in runs if run["command"].split()[1].endswith(f"algos/{name}.py")]
+        command = max(
+            (run for run in ours if run["eval_return_mean"] is not None), key=lambda run: run["eval_return_mean"]
+        )["command"]
+    return command.split()[2:]
+
+
+@pytest.mark.parametrize("name", ATARI)
+def test_the_atari_preset_holds_the_values_of_the_tested_pong_run(name):
+    preset = parsed(name, ["--preset", "atari"])
+    assert preset.env_id == "Pong-v5" and preset.preset == "atari"
+    assert learning_values(name, preset) == learning_values(name, parsed(name, recorded_pong_command(name)))
+
+
+@pytest.mark.parametrize("name", ATARI)
+def test_flags_beside_a_preset_still_apply_and_atari_without_one_warns(name, capsys):
+    for words in (["--preset", "atari", "--learning-rate", "0.001"], ["--learning-rate=0.001", "--preset=atari"]):
+        args = parsed(name, words)
+        assert (args.learning_rate, args.env_id) == (0.001, "Pong-v5")
+    assert "warning" not in capsys.readouterr().err
+    assert parsed(name, ["--env-id", "Pong-v5"]).learning_rate == algo(name).Args().learning_rate
+    assert "--preset atari" in capsys.readouterr().err
+    parsed(name, [])
+    assert capsys.readouterr().err == ""
+    with pytest.raises(SystemExit):
+        parsed(name, ["--preset", "mujoco"])
 
 
 def test_the_readmes_multi_node_pong_command_trains_with_the_tested_pong_values():
-    """README's two-node DD-PPO command on Pong-v5 uses the learning values of the Pong run that reached 18
-    (benchmark/atari.py's `ddppo` entry): every algorithm flag of that entry, with the same value."""
-    text = (ROOT / "README.md").read_text().replace("\\\n", " ")
-    lines = [line for line in text.splitlines() if "--nnodes" in line and "algos/ddppo.py" in line]
-    assert len(lines) == 1, lines
-    documented = flag_values(lines[0].split("algos/ddppo.py", 1)[1].split())
-    entry = atari.ENTRIES["ddppo"]
-    tested = flag_values(
-        [str(word) for word in entry[entry.index(next(w for w in entry if w.endswith("ddppo.py"))) + 1 :]]
+    """README's two-node DD-PPO command on Pong-v5 learns with the values of the Pong run that reached 18
+    (benchmark/atari.py's `ddppo` entry; the test above ties that preset to the recorded run)."""
+    commands = [
+        words for where, name, words in documented_commands() if where.startswith("README.md") and name == "ddppo"
+    ]
+    pong = [words for words in commands if "--help" not in words and parsed("ddppo", words).env_id == "Pong-v5"]
+    assert len(pong) == 1, commands
+    entry = [str(word) for word in atari.ENTRIES["ddppo"]]
+    tested = parsed(
+        "ddppo",
+        [word.format(seed=1) for word in entry[entry.index(next(w for w in entry if w.endswith("ddppo.py"))) + 1 :]],
     )
-    algorithm = {f"--{flag.name.replace('_', '-')}" for flag in fields(load_algo("ddppo").Args) if flag.init}
-    learning = {flag: value for flag, value in tested.items() if flag in algorithm - {"--seed", "--total-timesteps"}}
-    assert "--learning-rate" in learning and "--env-id" in learning, learning
-    differs = {flag: (documented.get(flag), value) for flag, value in learning.items() if documented.get(flag) != value}
-    assert not differs, differs
+    assert learning_values("ddppo", parsed("ddppo", pong[0])) == learning_values("ddppo", tested)
