@@ -1577,18 +1577,31 @@ def start_bridges(args: RunArgs, groups: dict, slots: dict, pipes: list, control
 
 # ----------------------------------------------------------------------------------------------- command line
 def parse_args() -> RunArgs:
-    """The command line over the defaults, or over a preset's values when it names one (`--preset atari`), so
-    that every flag keeps its meaning beside a preset. An Atari --env-id without a preset gets a warning."""
-    preset = preset_named(sys.argv[1:])
-    defaults = RunArgs(**PRESETS[preset], preset=preset) if preset in PRESETS else RunArgs()
-    args = tyro.cli(RunArgs, default=defaults)
-    atari = args.env_id in envpool.list_all_envs() and len(envpool.make_spec(args.env_id).observation_space.shape) == 3
-    if atari and args.preset is None and os.environ.get("RANK", "0") == "0":
+    """The command line, after the words of a preset's values when it names one (`--preset atari`): tyro takes a
+    flag's last value, so every flag given still applies beside a preset. An Atari --env-id without a preset gets a
+    warning."""
+    argv = sys.argv[1:]
+    preset = preset_named(argv)
+    args = tyro.cli(RunArgs, args=preset_words(PRESETS.get(preset, {})) + argv)
+    family = envpool.registration.registry.specs.get(args.env_id, ("",))[0]
+    if family == "envpool.atari" and args.preset is None and os.environ.get("RANK", "0") == "0":
         print(
             f"warning: {args.env_id} with the CartPole defaults; --preset atari sets the tested Atari values",
             file=sys.stderr,
         )
     return args
+
+
+def preset_words(values: dict) -> list:
+    """A preset's values as command-line words: `--batch-size 8`, `--no-anneal-lr`."""
+    words = []
+    for name, value in values.items():
+        flag = name.replace("_", "-")
+        if isinstance(value, bool):
+            words.append(f"--{flag}" if value else f"--no-{flag}")
+        else:
+            words += [f"--{flag}", str(value)]
+    return words
 
 
 def preset_named(argv: list) -> Optional[str]:

@@ -4,6 +4,7 @@ since training start and against environment steps, with the reward threshold.
   python benchmark/plot.py ddppo --entry ddppo --out docs/img/ddppo_cartpole.png
   python benchmark/plot.py evolution_mujoco --entry ga_hopper --key charts/elite_return --threshold 0 --out x.png
   python benchmark/plot.py final_eval --overview --out docs/img/overview_cartpole.png    # every file, a panel each
+  python benchmark/plot.py final_eval --overview --runs-dir DIR --out x.png              # runs kept elsewhere
 """
 
 import argparse

@@ -11,5 +11,5 @@ cd "$(dirname "$0")/.."
 python benchmark/run.py apex --seeds 1 2 3 4 5 "$@"
 python benchmark/run.py final_eval --entries apex --seeds 1 2 3 4 5 6 7 8 9 10 \
     --out benchmark/results/final_eval_apex_cartpole.json "$@"
-python benchmark/run.py learning_proofs --entries apex_100k apex_masked_120k --seeds 1 2 3 4 5 6 7 8 9 10 \
+python benchmark/run.py learning_proofs --entries apex_60k apex_masked_120k --seeds 1 2 3 4 5 6 7 8 9 10 \
     --out benchmark/results/learning_proofs_apex.json "$@"

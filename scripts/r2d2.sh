@@ -11,5 +11,5 @@ cd "$(dirname "$0")/.."
 python benchmark/run.py r2d2 --seeds 1 2 3 4 5 "$@"
 python benchmark/run.py final_eval --entries r2d2 --seeds 1 2 3 4 5 6 7 8 9 10 \
     --out benchmark/results/final_eval_r2d2_cartpole.json "$@"
-python benchmark/run.py learning_proofs --entries r2d2_masked_120k --seeds 1 2 3 4 5 6 7 8 9 10 \
+python benchmark/run.py learning_proofs --entries r2d2_masked_80k --seeds 1 2 3 4 5 6 7 8 9 10 \
     --out benchmark/results/learning_proofs_r2d2.json "$@"

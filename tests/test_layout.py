@@ -8,6 +8,7 @@ import functools
 import json
 import re
 import sys
+import warnings
 from dataclasses import fields
 
 import pytest
@@ -74,6 +75,7 @@ INFRASTRUCTURE = {
     "start_bridges",
     "run_remote_actor",
     "parse_args",
+    "preset_words",
     "preset_named",
 }
 CONVENTIONS = ROOT / "docs" / "conventions.md"
@@ -298,10 +300,14 @@ def test_flags_beside_a_preset_still_apply_and_atari_without_one_warns(name, cap
     assert "warning" not in capsys.readouterr().err
     assert parsed(name, ["--env-id", "Pong-v5"]).learning_rate == algo(name).Args().learning_rate
     assert "--preset atari" in capsys.readouterr().err
-    parsed(name, [])
-    assert capsys.readouterr().err == ""
-    with pytest.raises(SystemExit):
-        parsed(name, ["--preset", "mujoco"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        parsed(name, [])
+    assert capsys.readouterr().err == "" and not caught, [str(warning.message) for warning in caught]
+    # an unknown preset, and the fields computed at run time, are no flags, with a preset or without
+    for words in (["--preset", "mujoco"], ["--preset", "atari", "--world-size", "3"], ["--world-size", "3"]):
+        with pytest.raises(SystemExit):
+            parsed(name, words)
 
 
 def test_the_readmes_multi_node_pong_command_trains_with_the_tested_pong_values():
