@@ -1530,13 +1530,15 @@ def preset_words(values: dict) -> list:
 
 
 def preset_named(argv: list) -> Optional[str]:
-    """The value of --preset on the command line (None without one), read before tyro parses the rest."""
+    """The value of --preset on the command line (None without one), read before tyro parses the rest; the last
+    one where it is given twice, as tyro reads it."""
+    preset = None
     for i, word in enumerate(argv):
         if word == "--preset" and i + 1 < len(argv):
-            return argv[i + 1]
-        if word.startswith("--preset="):
-            return word.split("=", 1)[1]
-    return None
+            preset = argv[i + 1]
+        elif word.startswith("--preset="):
+            preset = word.split("=", 1)[1]
+    return preset
 
 
 if __name__ == "__main__":
