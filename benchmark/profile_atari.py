@@ -1,0 +1,587 @@
+"""Where the time goes on Pong-v5, per Atari file: milliseconds per environment step in each part of the work,
+each part timed alone at the file's own sizes (`--preset atari`) and thread counts, beside the network's best
+measured training rate on this CPU.
+
+Parts, per environment step (median over the timed calls):
+  env        envpool stepping the actor's envs with random actions (one thread, as an actor)
+  inference  the actor's forward pass at its batch (one thread; SEED: the learner's batched inference)
+  copy       assembling the learner's batch from the buffers or the replay
+  forward    the learner's forward passes (with gradient, plus the algorithm's own no-grad passes)
+  targets    V-trace, GAE or n-step returns on the learner (none where actors compute them)
+  optimizer  the gradient clip and the optimizer's step
+  backward   the update minus copy, forward, targets and optimizer (backward and what else the update does)
+  update     the learner's whole update, the file's own function, timed as one call
+The reference is the Nature CNN with a linear head: forward, backward and Adam at the learner's batch of samples
+with gradient and its thread count, fp32 with channels_last input (the best layout measured here); bf16 autocast
+beside it (by default only where the CPU has bf16 in hardware). `update / reference` is the learner's overhead
+over the network's best rate. Per update, torch.profiler counts the leaf operators (a proxy for GPU kernel
+launches) and the scalar reads (`aten::_local_scalar_dense`, a proxy for host-device syncs). With --train-seconds,
+each file also trains with its preset for that long and its steps/s after start-up is read from its progress lines.
+
+  python benchmark/profile_atari.py                       # -> benchmark/results/profile_atari.json and .md
+  python benchmark/profile_atari.py --files impala --seconds 2 --train-seconds 0
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import queue
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmark"))
+from run import machine  # noqa: E402
+
+TEXT = dict(capture_output=True, text=True, check=True)
+FILES = ["impala", "seed", "ddppo", "a3c", "apex", "r2d2"]
+PARTS = ["env", "inference", "copy", "forward", "targets", "backward", "optimizer"]
+
+
+def source(name: str, rev: str = "") -> Path:
+    """algos/<name>.py: the working tree's, or a copy of the file at git revision `rev` (each file stands alone)."""
+    if not rev:
+        return ROOT / "algos" / f"{name}.py"
+    path = Path(tempfile.mkdtemp()) / f"{name}.py"
+    path.write_text(subprocess.run(["git", "show", f"{rev}:algos/{name}.py"], cwd=ROOT, **TEXT).stdout)
+    return path
+
+
+def load(name: str, rev: str = ""):
+    spec = importlib.util.spec_from_file_location(name, source(name, rev))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def preset_args(module, **extra):
+    """The file's Args with its Atari preset (and `extra`) applied."""
+    return module.Args(**{**module.PRESETS["atari"], **extra})
+
+
+def timed(fn, seconds: float) -> float:
+    """Median seconds per call of fn, over about `seconds` of calls after one warm-up call (at least three calls,
+    or one where the warm-up alone took longer than `seconds`)."""
+    warm_up = time.perf_counter()
+    fn()
+    min_calls = 1 if time.perf_counter() - warm_up > seconds else 3
+    times = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds or len(times) < min_calls:
+        call_start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - call_start)
+    return statistics.median(times)
+
+
+def counted(fn) -> tuple:
+    """(leaf operators, scalar reads) recorded by torch.profiler over one call of fn."""
+    # quiet: the profiler's own start and stop lines
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    events = [e for e in prof.events() if e.name.startswith("aten::")]
+    leaves = sum(1 for e in events if not any(c.name.startswith("aten::") for c in e.cpu_children))
+    scalars = sum(1 for e in events if e.name == "aten::_local_scalar_dense")
+    return leaves, scalars
+
+
+def nature_cnn(num_actions: int) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(4, 32, 8, stride=4),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 4, stride=2),
+        nn.ReLU(),
+        nn.Conv2d(64, 64, 3, stride=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(3136, 512),
+        nn.ReLU(),
+        nn.Linear(512, num_actions),
+    )
+
+
+def reference(batch: int, seconds: float, bf16: bool = False) -> float:
+    """Seconds per sample of the Nature CNN's forward, backward and Adam step at `batch`, channels_last input."""
+    net = nature_cnn(6)
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-4)
+    frames = torch.randint(0, 255, (batch, 4, 84, 84), dtype=torch.uint8)
+
+    def step():
+        x = (frames.float() / 255.0).contiguous(memory_format=torch.channels_last)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = net(x)
+        out.float().square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return timed(step, seconds) / batch
+
+
+def env_time(module, num_envs: int, seconds: float) -> float:
+    """Seconds per env step of envpool stepping num_envs Pong envs with random actions on one thread."""
+    envs = module.make_env("Pong-v5", num_envs, 1, 1)
+    envs.reset()
+    actions = np.random.randint(0, envs.action_space.n, (64, num_envs))
+    calls = [0]
+
+    def step():
+        envs.step(actions[calls[0] % 64])
+        calls[0] += 1
+
+    per_call = timed(step, seconds)
+    envs.close()
+    return per_call / num_envs
+
+
+def frames(*shape) -> torch.Tensor:
+    return torch.randint(0, 255, shape + (4, 84, 84), dtype=torch.uint8)
+
+
+def clip_and_step(flat: torch.Tensor, optimizer, max_norm: float):
+    def step():
+        torch.nn.utils.clip_grad_norm_([flat], max_norm)
+        optimizer.step()
+
+    return step
+
+
+# ------------------------------------------------------------------------------------------------- the files
+def case_impala(name: str, module) -> dict:
+    """IMPALA and SEED share the learner: V-trace on [T + 1, B] frames. IMPALA's actors each infer for their
+    num_envs; SEED's learner infers for every actor at once (one per CPU)."""
+    args = preset_args(module)
+    T, B, A = args.unroll_length, args.batch_size, 6
+    agent = module.Agent((4, 84, 84), A)
+    flat = module.flatten_parameters(agent)
+    optimizer = module.make_optimizer(args, flat)
+    K = max(2, B // args.num_envs)
+    buffers = {
+        "obs": frames(K, T + 1, args.num_envs),
+        "actions": torch.randint(0, A, (K, T, args.num_envs)),
+        "logits": torch.zeros(K, T, args.num_envs, A),
+        "state": torch.zeros(K, 2, args.num_envs, 0),
+        "meta": torch.zeros(K, 3, dtype=torch.long),
+    }
+    for key in ["rewards", "terms", "dones", "returns", "ep_length"]:
+        buffers[key] = torch.zeros(K, T, args.num_envs)
+    buffers["valid"] = torch.ones(K, T, args.num_envs)
+    buffers["ep_return"] = torch.full((K, T, args.num_envs), float("nan"))
+    indices = list(range(B // args.num_envs))
+
+    def take():
+        batch, returns, _, _ = module.take_batch(buffers, indices, queue.Queue(), "cpu")
+        return batch, returns
+
+    batch, returns = take()
+    valid_all = torch.ones(T + 1, B)
+    logits, values, _ = agent(batch["obs"], valid_all, batch["state"])
+    target_logp = torch.log_softmax(logits[:T].detach(), -1).gather(-1, batch["actions"].unsqueeze(-1)).squeeze(-1)
+
+    def targets():
+        module.vtrace(
+            target_logp,
+            target_logp,
+            batch["rewards"],
+            values[:T].detach(),
+            values[T].detach(),
+            batch["terms"],
+            batch["dones"],
+            batch["valid"],
+            args.gamma,
+        )
+
+    def update():
+        b, r = take()
+        if name == "impala":
+            module.learner_step(args, agent, optimizer, flat, b, r, lambda: torch.zeros(2))
+        else:
+            # SEED: the step is the training thread's next call (step_and_publish), under the inference lock
+            module.learner_step(args, agent, optimizer, flat, b, r)
+            optimizer.step()
+
+    inference_batch = args.num_envs * (len(os.sched_getaffinity(0)) if name == "seed" else 1)
+    obs = frames(1, inference_batch)
+    state = agent.initial_state(inference_batch)
+    ones = torch.ones(1, inference_batch)
+
+    def infer():
+        with torch.no_grad():
+            agent(obs, ones, state)
+
+    loss, _ = module.impala_loss(agent, batch, args)
+    loss.backward()
+    return {
+        "steps_per_update": T * B,
+        "reference_batch": (T + 1) * B,
+        "threads": 1,
+        "actor_envs": args.num_envs,
+        "inference_batch": inference_batch,
+        "infer": infer,
+        "copy": take,
+        "forward": lambda: agent(batch["obs"], valid_all, batch["state"]),
+        "targets": targets,
+        "optimizer": clip_and_step(flat, optimizer, args.max_grad_norm),
+        "update": update,
+    }
+
+
+def case_ddppo(module) -> dict:
+    """One rank (the 2-core default): a rollout of num_steps x local_num_envs, GAE, update_epochs x
+    num_minibatches Adam steps."""
+    args = preset_args(module)
+    T, N, A = args.num_steps, args.local_num_envs, 6
+    space = module.gym.spaces.Discrete(A)
+    agent = module.Agent((4, 84, 84), space)
+    flat = module.flatten_parameters(agent)
+    optimizer = module.make_optimizer(args, flat)
+    buffers = {"obs": frames(T, N), "actions": torch.randint(0, A, (T, N))}
+    for key in ["logprobs", "values", "rewards", "terms", "dones"]:
+        buffers[key] = torch.zeros(T, N)
+    buffers["valid"] = torch.ones(T, N)
+    buffers["logprobs"] -= np.log(A)
+    state = {"obs": frames(N)}
+    generator = torch.Generator().manual_seed(1)
+    minibatch = T * N // args.num_minibatches
+    steps = args.update_epochs * args.num_minibatches
+    batch = module.learning_batch(agent, buffers, buffers["rewards"], T, state, args)
+    sample = frames(minibatch)
+    sample_actions = torch.randint(0, A, (minibatch,))
+
+    def forward():
+        for _ in range(steps):
+            agent.get_action_and_value(sample, sample_actions)
+
+    def targets():
+        module.compute_gae(
+            buffers["rewards"], buffers["values"], buffers["values"][0], buffers["terms"], buffers["dones"], 0.99, 0.95
+        )
+
+    def optimizer_steps():
+        for _ in range(steps):
+            torch.nn.utils.clip_grad_norm_([flat], args.max_grad_norm)
+            optimizer.step()
+
+    def update():
+        b = module.learning_batch(agent, buffers, buffers["rewards"], T, state, args)
+        module.ppo_update(agent, optimizer, b, args, generator, 1)
+
+    obs = frames(N)
+
+    def infer():
+        with torch.no_grad():
+            agent.get_action_and_value(obs, generator=generator)
+
+    return {
+        "steps_per_update": T * N,
+        "reference_batch": minibatch,
+        "reference_calls": steps,
+        "threads": 1,
+        # one rank, the 2-core default: rollout and update in turn
+        "processes": 1,
+        "actor_envs": N,
+        "inference_batch": N,
+        "infer": infer,
+        "copy": lambda: module.learning_batch(agent, buffers, buffers["rewards"], T, state, args),
+        "forward": forward,
+        "targets": targets,
+        "optimizer": optimizer_steps,
+        "update": update,
+        "batch": batch,
+    }
+
+
+def case_a3c(module) -> dict:
+    """One Hogwild worker's segment: t_max x num_envs steps, the bootstrap forward, n-step returns, the loss's
+    forward and backward, the clip and the shared optimizer's step (each worker does all of it, one thread)."""
+    args = preset_args(module)
+    T, N, A = args.t_max, args.num_envs, 6
+    agent = module.Agent((4, 84, 84), module.gym.spaces.Discrete(A))
+    flat = module.flatten_parameters(agent)
+    optimizer = module.make_optimizer(args, flat)
+    seg = {"obs": frames(T, N), "valid": torch.ones(T, N), "actions": torch.randint(0, A, (T, N))}
+    for key in ["rewards", "terms", "dones", "values"]:
+        seg[key] = torch.zeros(T, N)
+    seg["state"] = agent.initial_state(N)
+    live = {"obs": frames(N), "valid": torch.ones(N), "state": agent.initial_state(N)}
+
+    def bootstrap_and_returns():
+        with torch.no_grad():
+            bootstrap = agent(live["obs"].unsqueeze(0), live["valid"].unsqueeze(0), live["state"])[1][0]
+        return module.nstep_returns(seg["rewards"], seg["values"], bootstrap, seg["terms"], seg["dones"], args.gamma)
+
+    returns = bootstrap_and_returns()
+
+    def update():
+        r = bootstrap_and_returns()
+        optimizer.zero_grad(set_to_none=False)
+        loss, _ = module.a3c_loss(agent, seg, r, args)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([flat], args.max_grad_norm)
+        optimizer.step()
+
+    def forward():
+        with torch.no_grad():
+            agent(live["obs"].unsqueeze(0), live["valid"].unsqueeze(0), live["state"])
+        agent(seg["obs"], seg["valid"], seg["state"])
+
+    obs = frames(1, N)
+
+    def infer():
+        with torch.no_grad():
+            agent(obs, torch.ones(1, N), agent.initial_state(N))
+
+    loss, _ = module.a3c_loss(agent, seg, returns, args)
+    loss.backward()
+    return {
+        "steps_per_update": T * N,
+        "reference_batch": T * N,
+        "threads": 1,
+        "actor_envs": N,
+        "inference_batch": N,
+        "infer": infer,
+        "copy": None,
+        "forward": forward,
+        "targets": lambda: module.nstep_returns(
+            seg["rewards"], seg["values"], seg["values"][0], seg["terms"], seg["dones"], args.gamma
+        ),
+        "optimizer": clip_and_step(flat, optimizer, args.max_grad_norm),
+        "update": update,
+    }
+
+
+def replay_case(name: str, module) -> dict:
+    """Ape-X and R2D2: a prioritized batch from a full replay, the file's learner_step (sample, loss, clip, Adam,
+    priorities). Their n-step targets are the actors' work; the learner's own no-grad passes (double Q's
+    bootstrap, the target network, R2D2's burn-in) count in forward."""
+    args = preset_args(module)
+    spec = module.envpool.make_spec("Pong-v5")
+    q_net = module.make_network(args, spec)
+    target_net = module.make_network(args, spec)
+    flat = module.flatten_parameters(q_net)
+    optimizer = torch.optim.Adam([flat], lr=args.learning_rate, eps=args.adam_eps)
+    buffers = module.block_buffers(args, spec, 1, shared=False)
+    keys = module.TRANSITION_KEYS if name == "apex" else module.SEQUENCE_KEYS
+    fields = {key: buffers[key][0, 0] for key in keys}
+    capacity = 4 * args.batch_size
+    replay = module.PrioritizedReplay(capacity, fields, args.alpha, args.priority_eps, "cpu")
+    for value in replay.data.values():
+        if value.dtype == torch.uint8:
+            value.random_(0, 255)
+    if name == "r2d2":
+        replay.data["obs_valid"].fill_(1.0)
+        replay.data["train"].fill_(1.0)
+        replay.data["boot"].copy_(torch.arange(replay.data["boot"].shape[1]).clamp(max=replay.data["boot"].shape[1]))
+        replay.data["prev_action"].random_(0, spec.action_space.n)
+    replay.tree.update(np.arange(capacity), np.ones(capacity))
+    replay.size = capacity
+    rng = np.random.default_rng(1)
+    progress = {"global_step": 0, "update": 0}
+    stats = {"sample_s": 0.0, "sampled": 0, "learn_s": 0.0}
+    extra = (module.rescaling_eps(args, spec),) if name == "r2d2" else ()
+    _, batch, weights = replay.sample(args.batch_size, args.beta, rng)
+
+    def forward():
+        if name == "apex":
+            module.apex_loss(q_net, target_net, batch, weights)
+        else:
+            module.r2d2_loss(q_net, target_net, batch, weights, args.burn_in, args.eta, *extra)
+
+    def update():
+        module.learner_step(args, q_net, target_net, optimizer, replay, rng, progress, stats, *extra)
+
+    if name == "apex":
+        samples = 2 * args.batch_size
+    else:
+        samples = args.batch_size * (args.sequence_length + 1)
+    obs = torch.as_tensor(frames(args.num_envs).numpy())
+
+    if name == "apex":
+
+        def infer():
+            with torch.no_grad():
+                q_net(obs)
+    else:
+        state = q_net.initial_state(args.num_envs)
+        prev = torch.zeros(args.num_envs, 1, dtype=torch.long)
+
+        def infer():
+            with torch.no_grad():
+                q_net(obs.unsqueeze(1), prev, prev.float(), torch.ones(args.num_envs, 1), state)
+
+    forward_out = module.apex_loss(q_net, target_net, batch, weights) if name == "apex" else None
+    if forward_out is None:
+        forward_out = module.r2d2_loss(q_net, target_net, batch, weights, args.burn_in, args.eta, *extra)
+    forward_out[0].backward()
+    return {
+        "steps_per_update": int(args.steps_per_update),
+        "reference_batch": samples,
+        "threads": 1,
+        "actor_envs": args.num_envs,
+        "inference_batch": args.num_envs,
+        "infer": infer,
+        "copy": lambda: replay.sample(args.batch_size, args.beta, rng),
+        "forward": forward,
+        "targets": None,
+        "optimizer": clip_and_step(flat, optimizer, args.max_grad_norm),
+        "update": update,
+        "module": module,
+    }
+
+
+def make_case(name: str, module) -> dict:
+    if name in ("impala", "seed"):
+        return case_impala(name, module)
+    if name == "ddppo":
+        return case_ddppo(module)
+    if name == "a3c":
+        return case_a3c(module)
+    return replay_case(name, module)
+
+
+# ------------------------------------------------------------------------------------------------- training
+def train_rate(name: str, seconds: float, rev: str = "") -> dict:
+    """Steps/s of `python algos/<name>.py --preset atari` after its first progress line (start-up excluded),
+    over `seconds` of training; the run is then killed. The replay files start learning after 5,000 steps
+    here (their preset waits for 50,000), so that the window shows the learner at work."""
+    cmd = [sys.executable, str(source(name, rev)), "--preset", "atari", "--exp-name", "profile"]
+    if name in ("apex", "r2d2"):
+        cmd += ["--learning-starts", "5000"]
+    points = []
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.Popen(
+            cmd, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
+        )
+        start = time.time()
+        try:
+            for line in proc.stdout:
+                found = re.search(r"global_step=(\d+)", line)
+                if found:
+                    points.append((time.time(), int(found.group(1))))
+                if points and time.time() - points[0][0] > seconds:
+                    break
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if len(points) < 3:
+        return {"command": " ".join([f"algos/{name}.py"] + cmd[2:]), "sps": None, "note": "under 3 progress lines"}
+    # the second half of the window: past the replay files' warm-up and every file's first updates
+    half = [p for p in points if p[0] >= points[0][0] + (points[-1][0] - points[0][0]) / 2]
+    (t0, s0), (t1, s1) = half[0], points[-1]
+    return {
+        "command": " ".join([f"algos/{name}.py"] + cmd[2:]) + (f" (the file at {rev})" if rev else ""),
+        "sps": (s1 - s0) / max(t1 - t0, 1e-9),
+        "window_s": t1 - t0,
+        "first_progress_s": points[0][0] - start,
+    }
+
+
+# ------------------------------------------------------------------------------------------------- main
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX); without it autocast emulates bf16."""
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def profile(name: str, seconds: float, rev: str = "", bf16: bool = True) -> dict:
+    module = load(name, rev)
+    case = make_case(name, module)
+    torch.set_num_threads(1)
+    steps = case["steps_per_update"]
+    row = {"steps_per_update": steps, "reference_batch": case["reference_batch"], "threads": case["threads"]}
+    row["env"] = env_time(module, case["actor_envs"], seconds)
+    row["inference"] = timed(case["infer"], seconds) / case["inference_batch"]
+    torch.set_num_threads(case["threads"])
+    for part in ["copy", "forward", "targets", "optimizer", "update"]:
+        row[part] = timed(case[part], seconds) / steps if case[part] is not None else 0.0
+    row["backward"] = max(0.0, row["update"] - row["copy"] - row["forward"] - row["targets"] - row["optimizer"])
+    calls = case.get("reference_calls", 1)
+    row["reference"] = reference(case["reference_batch"], seconds) * case["reference_batch"] * calls / steps
+    row["reference_bf16"] = None
+    if bf16:
+        row["reference_bf16"] = reference(case["reference_batch"], seconds, bf16=True) * case["reference_batch"]
+        row["reference_bf16"] *= calls / steps
+    row["update_over_reference"] = row["update"] / row["reference"]
+    row["operators_per_update"], row["scalar_reads_per_update"] = counted(case["update"])
+    # per step on the cores the file's processes can use, if the parts ran side by side with no overhead
+    row["cpu_ms_per_step"] = 1e3 * (row["env"] + row["inference"] + row["update"])
+    row["cores"] = min(len(os.sched_getaffinity(0)), case.get("processes", 64))
+    row["limit_sps"] = row["cores"] / (row["env"] + row["inference"] + row["update"])
+    return row
+
+
+def table(rows: dict) -> str:
+    head = "| file | " + " | ".join(PARTS) + " | update | reference | bf16 | update / ref | ops | scalar reads |"
+    lines = [head, "|" + "---|" * (len(PARTS) + 8)]
+    for name, row in rows.items():
+        cells = [f"{1e3 * row[part]:.3f}" for part in PARTS]
+        bf16 = f"{1e3 * row['reference_bf16']:.3f}" if row["reference_bf16"] is not None else "not run"
+        cells += [f"{1e3 * row['update']:.3f}", f"{1e3 * row['reference']:.3f}", bf16]
+        cells += [f"{row['update_over_reference']:.2f}", str(row["operators_per_update"])]
+        cells += [str(row["scalar_reads_per_update"])]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("| file | CPU ms per step | cores | limit (steps/s) | trained (steps/s) | trained / limit |")
+    lines.append("|---|---|---|---|---|---|")
+    for name, row in rows.items():
+        trained = row.get("train", {}).get("sps")
+        rate = f"{trained:.0f}" if trained else "not run"
+        ratio = f"{trained / row['limit_sps']:.2f}" if trained else "-"
+        cells = f"{row['cpu_ms_per_step']:.3f} | {row['cores']} | {row['limit_sps']:.0f} | {rate} | {ratio}"
+        lines.append(f"| {name} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+def median_row(rows: list) -> dict:
+    """Each figure's median over repeated profiles of one file (the counts are the same in each)."""
+    return {key: None if rows[0][key] is None else statistics.median(row[key] for row in rows) for key in rows[0]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--files", nargs="+", default=FILES, choices=FILES)
+    p.add_argument("--seconds", type=float, default=4.0, help="timing per part")
+    p.add_argument("--repeats", type=int, default=1, help="profiles per file (alternating with --before's); medians")
+    p.add_argument("--before", default="", help="also profile the files at this git revision, alternately")
+    p.add_argument("--bf16", choices=["auto", "on", "off"], default="auto", help="auto: where the CPU has bf16")
+    p.add_argument("--train-seconds", type=float, default=90.0, help="training per file and variant (0: none)")
+    p.add_argument("--out", default=str(ROOT / "benchmark" / "results" / "profile_atari.json"))
+    a = p.parse_args()
+    variants = [a.before, ""] if a.before else [""]
+    bf16 = a.bf16 == "on" or (a.bf16 == "auto" and native_bf16())
+    rows = {}
+    for name in a.files:
+        runs = {rev: [] for rev in variants}
+        for _ in range(a.repeats):
+            for rev in variants:
+                runs[rev].append(profile(name, a.seconds, rev, bf16))
+        for rev in variants:
+            label = f"{name} at {rev}" if rev else name
+            rows[label] = median_row(runs[rev])
+            print(f"{label}: " + ", ".join(f"{k} {1e3 * rows[label][k]:.3f}" for k in PARTS + ["update", "reference"]))
+    for label in rows if a.train_seconds > 0 else []:
+        name, _, rev = label.partition(" at ")
+        rows[label]["train"] = train_rate(name, a.train_seconds, rev)
+        print(f"{label}: trained at {rows[label]['train']['sps']} steps/s", flush=True)
+    record = {"machine": machine(), "command": " ".join(sys.argv).replace(str(ROOT) + "/", ""), "ms": "per env step"}
+    record["before"] = a.before
+    record["native_bf16"] = native_bf16()
+    record["rows"] = rows
+    Path(a.out).write_text(json.dumps(record, indent=2) + "\n")
+    Path(a.out).with_suffix(".md").write_text(table(rows))
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
