@@ -240,11 +240,11 @@ def second_half_rate(points: list):
     return float((steps[-1] - steps[second_half]) / (wall[-1] - wall[second_half]))
 
 
-def throughput(entries: list, minutes: float, seed: int) -> None:
+def throughput(entries: list, minutes: float, seed: int, out: Path = THROUGHPUT) -> None:
     """Steps/s of each entry's Pong command (less --resume and --capture-video), run alone for `minutes` in a
     scratch directory: the rate over the second half of the window, from the wall clock of the logged steps, so
     that start-up and a replay's learning_starts phase (actors alone) are not in it."""
-    results = json.loads(THROUGHPUT.read_text()) if THROUGHPUT.exists() else {}
+    results = json.loads(out.read_text()) if out.exists() else {}
     for entry in entries:
         run_dir = RAW.with_name("atari_throughput") / entry
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -256,7 +256,7 @@ def throughput(entries: list, minutes: float, seed: int) -> None:
                 subprocess.run(cmd, cwd=run_dir, stdout=log, stderr=subprocess.STDOUT, check=True)
             results[entry] = {"machine": machine(), "minutes": minutes, **json.loads(out.read_text())}
             print(entry, json.dumps(results[entry]), flush=True)
-            THROUGHPUT.write_text(json.dumps(results, indent=1))
+            out.write_text(json.dumps(results, indent=1))
             continue
         cmd = [part.format(seed=seed) for part in ENTRIES[entry] if part not in ("--resume", "--capture-video")]
         env = dict(os.environ, WANDB_MODE="disabled", PYTHONWARNINGS="ignore")
@@ -278,7 +278,7 @@ def throughput(entries: list, minutes: float, seed: int) -> None:
             "learner_updates_per_s": updates[-1].value if updates else None,
         }
         print(entry, json.dumps(results[entry]), flush=True)
-        THROUGHPUT.write_text(json.dumps(results, indent=1))
+        out.write_text(json.dumps(results, indent=1))
 
 
 def clip(video: Path, out: Path, start_s: float, seconds: float, shrink: int = 1) -> int:
@@ -445,6 +445,7 @@ def main() -> None:
     )
     speed.add_argument("--minutes", type=float, default=5.0)
     speed.add_argument("--seed", type=int, default=1)
+    speed.add_argument("--out", default=str(THROUGHPUT), help="the results file (entries already in it are kept)")
     cut = sub.add_parser("clip", help="an excerpt of a run's evaluation video as docs/img/pong_<entry>[_seed<N>].gif")
     cut.add_argument("--entry", choices=sorted(set(ENTRIES) - {"cleanrl_ppo"}), required=True)
     cut.add_argument("--seed", type=int, default=1)
@@ -458,7 +459,7 @@ def main() -> None:
         signal.signal(signal.SIGTERM, signal.default_int_handler)
         run(a.entries, a.seeds, a.hours, a.peer_min_hours)
     elif a.what == "throughput":
-        throughput(a.entries, a.minutes, a.seed)
+        throughput(a.entries, a.minutes, a.seed, Path(a.out))
     elif a.what == "clip":
         suffix = f".{a.machine}" if a.machine else ""
         video = next((RAW / f"{a.entry}_{a.seed}{suffix}").glob("runs/*/videos/eval_episode0.mp4"))

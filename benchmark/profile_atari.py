@@ -15,11 +15,12 @@ The reference is the Nature CNN with a linear head: forward, backward and Adam a
 with gradient and its thread count, fp32 with channels_last input (the best layout measured here); bf16 autocast
 beside it (by default only where the CPU has bf16 in hardware). `update / reference` is the learner's overhead
 over the network's best rate. Per update, torch.profiler counts the leaf operators (a proxy for GPU kernel
-launches) and the scalar reads (`aten::_local_scalar_dense`, a proxy for host-device syncs). With --train-seconds,
-each file also trains with its preset for that long and its steps/s after start-up is read from its progress lines.
+launches) and the scalar reads (`aten::_local_scalar_dense`, a proxy for host-device syncs). `limit` is the steps/s
+of the file's processes on this machine's cores if the parts ran side by side with no overhead; the rate each file
+trains at is `python benchmark/atari.py throughput`'s.
 
   python benchmark/profile_atari.py                       # -> benchmark/results/profile_atari.json and .md
-  python benchmark/profile_atari.py --files impala --seconds 2 --train-seconds 0
+  python benchmark/profile_atari.py --files impala --seconds 2 --before HEAD~1   # each part before and after
 """
 
 import argparse
@@ -27,8 +28,6 @@ import importlib.util
 import json
 import os
 import queue
-import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -450,43 +449,6 @@ def make_case(name: str, module) -> dict:
     return replay_case(name, module)
 
 
-# ------------------------------------------------------------------------------------------------- training
-def train_rate(name: str, seconds: float, rev: str = "") -> dict:
-    """Steps/s of `python algos/<name>.py --preset atari` after its first progress line (start-up excluded),
-    over `seconds` of training; the run is then killed. The replay files start learning after 5,000 steps
-    here (their preset waits for 50,000), so that the window shows the learner at work."""
-    cmd = [sys.executable, str(source(name, rev)), "--preset", "atari", "--exp-name", "profile"]
-    if name in ("apex", "r2d2"):
-        cmd += ["--learning-starts", "5000"]
-    points = []
-    with tempfile.TemporaryDirectory() as tmp:
-        proc = subprocess.Popen(
-            cmd, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
-        )
-        start = time.time()
-        try:
-            for line in proc.stdout:
-                found = re.search(r"global_step=(\d+)", line)
-                if found:
-                    points.append((time.time(), int(found.group(1))))
-                if points and time.time() - points[0][0] > seconds:
-                    break
-        finally:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    if len(points) < 3:
-        return {"command": " ".join([f"algos/{name}.py"] + cmd[2:]), "sps": None, "note": "under 3 progress lines"}
-    # the second half of the window: past the replay files' warm-up and every file's first updates
-    half = [p for p in points if p[0] >= points[0][0] + (points[-1][0] - points[0][0]) / 2]
-    (t0, s0), (t1, s1) = half[0], points[-1]
-    return {
-        "command": " ".join([f"algos/{name}.py"] + cmd[2:]) + (f" (the file at {rev})" if rev else ""),
-        "sps": (s1 - s0) / max(t1 - t0, 1e-9),
-        "window_s": t1 - t0,
-        "first_progress_s": points[0][0] - start,
-    }
-
-
 # ------------------------------------------------------------------------------------------------- main
 def native_bf16() -> bool:
     """Whether this CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX); without it autocast emulates bf16."""
@@ -532,14 +494,10 @@ def table(rows: dict) -> str:
         cells += [str(row["scalar_reads_per_update"])]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("| file | CPU ms per step | cores | limit (steps/s) | trained (steps/s) | trained / limit |")
-    lines.append("|---|---|---|---|---|---|")
+    lines.append("| file | CPU ms per step | cores | limit (steps/s) |")
+    lines.append("|---|---|---|---|")
     for name, row in rows.items():
-        trained = row.get("train", {}).get("sps")
-        rate = f"{trained:.0f}" if trained else "not run"
-        ratio = f"{trained / row['limit_sps']:.2f}" if trained else "-"
-        cells = f"{row['cpu_ms_per_step']:.3f} | {row['cores']} | {row['limit_sps']:.0f} | {rate} | {ratio}"
-        lines.append(f"| {name} | {cells} |")
+        lines.append(f"| {name} | {row['cpu_ms_per_step']:.3f} | {row['cores']} | {row['limit_sps']:.0f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -555,7 +513,6 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1, help="profiles per file (alternating with --before's); medians")
     p.add_argument("--before", default="", help="also profile the files at this git revision, alternately")
     p.add_argument("--bf16", choices=["auto", "on", "off"], default="auto", help="auto: where the CPU has bf16")
-    p.add_argument("--train-seconds", type=float, default=90.0, help="training per file and variant (0: none)")
     p.add_argument("--out", default=str(ROOT / "benchmark" / "results" / "profile_atari.json"))
     a = p.parse_args()
     variants = [a.before, ""] if a.before else [""]
@@ -570,10 +527,6 @@ def main() -> None:
             label = f"{name} at {rev}" if rev else name
             rows[label] = median_row(runs[rev])
             print(f"{label}: " + ", ".join(f"{k} {1e3 * rows[label][k]:.3f}" for k in PARTS + ["update", "reference"]))
-    for label in rows if a.train_seconds > 0 else []:
-        name, _, rev = label.partition(" at ")
-        rows[label]["train"] = train_rate(name, a.train_seconds, rev)
-        print(f"{label}: trained at {rows[label]['train']['sps']} steps/s", flush=True)
     record = {"machine": machine(), "command": " ".join(sys.argv).replace(str(ROOT) + "/", ""), "ms": "per env step"}
     record["before"] = a.before
     record["native_bf16"] = native_bf16()
