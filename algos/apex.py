@@ -163,9 +163,13 @@ def env_seed(args: Args, actor: int, round_: int) -> int:
 
 # ----------------------------------------------------------------------------------------------- networks
 def scale_frames(x: torch.Tensor) -> torch.Tensor:
-    """uint8 frames [B, C, H, W] as floats in [0, 1], stored channels last: oneDNN's fastest layout for the
-    convolutions on the CPU (about a third off the learner's update, docs/benchmarks.md, Where the time goes)."""
-    return (x.float() / 255.0).contiguous(memory_format=torch.channels_last)
+    """uint8 frames [B, C, H, W] as floats in [0, 1]. Where a backward pass follows (the learner), stored channels
+    last: oneDNN's faster layout for the convolutions' gradients on the CPU; the actors' small no-grad batches are
+    faster in the default layout (docs/benchmarks.md, Where the time goes)."""
+    x = x.float() / 255.0
+    if torch.is_grad_enabled():
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x
 
 
 def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Module:

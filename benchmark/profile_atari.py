@@ -2,7 +2,7 @@
 each part timed alone at the file's own sizes (`--preset atari`) and thread counts, beside the network's best
 measured training rate on this CPU.
 
-Parts, per environment step (median over the timed calls):
+Parts, per environment step (median over the timed calls; with --before, the two versions' calls alternate):
   env        envpool stepping the actor's envs with random actions (one thread, as an actor)
   inference  the actor's forward pass at its batch (one thread; SEED: the learner's batched inference)
   copy       assembling the learner's batch from the buffers or the replay
@@ -69,19 +69,22 @@ def preset_args(module, **extra):
     return module.Args(**{**module.PRESETS["atari"], **extra})
 
 
-def timed(fn, seconds: float) -> float:
-    """Median seconds per call of fn, over about `seconds` of calls after one warm-up call (at least three calls,
-    or one where the warm-up alone took longer than `seconds`)."""
+def timed(fns: list, seconds: float) -> list:
+    """Median seconds per call of each of fns, called in turn (a, b, a, b, ...) for about `seconds` each after a
+    warm-up call each, so that a slow or fast spell of the machine falls on all of them alike. At least three
+    calls each, or one where a warm-up took longer than `seconds`."""
     warm_up = time.perf_counter()
-    fn()
-    min_calls = 1 if time.perf_counter() - warm_up > seconds else 3
-    times = []
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds or len(times) < min_calls:
-        call_start = time.perf_counter()
+    for fn in fns:
         fn()
-        times.append(time.perf_counter() - call_start)
-    return statistics.median(times)
+    min_calls = 1 if time.perf_counter() - warm_up > seconds * len(fns) else 3
+    times = [[] for _ in fns]
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds * len(fns) or len(times[0]) < min_calls:
+        for fn, fn_times in zip(fns, times, strict=True):
+            call_start = time.perf_counter()
+            fn()
+            fn_times.append(time.perf_counter() - call_start)
+    return [statistics.median(fn_times) for fn_times in times]
 
 
 def counted(fn) -> tuple:
@@ -111,8 +114,8 @@ def nature_cnn(num_actions: int) -> nn.Module:
     )
 
 
-def reference(batch: int, seconds: float, bf16: bool = False) -> float:
-    """Seconds per sample of the Nature CNN's forward, backward and Adam step at `batch`, channels_last input."""
+def reference(batch: int, bf16: bool = False):
+    """One forward, backward and Adam step of the Nature CNN at `batch`, channels_last input (a function)."""
     net = nature_cnn(6)
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-4)
     frames = torch.randint(0, 255, (batch, 4, 84, 84), dtype=torch.uint8)
@@ -125,7 +128,7 @@ def reference(batch: int, seconds: float, bf16: bool = False) -> float:
         optimizer.step()
         optimizer.zero_grad()
 
-    return timed(step, seconds) / batch
+    return step
 
 
 def env_time(module, num_envs: int, seconds: float) -> float:
@@ -139,7 +142,7 @@ def env_time(module, num_envs: int, seconds: float) -> float:
         envs.step(actions[calls[0] % 64])
         calls[0] += 1
 
-    per_call = timed(step, seconds)
+    per_call = timed([step], seconds)[0]
     envs.close()
     return per_call / num_envs
 
@@ -456,31 +459,46 @@ def native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def profile(name: str, seconds: float, rev: str = "", bf16: bool = True) -> dict:
-    module = load(name, rev)
-    case = make_case(name, module)
-    torch.set_num_threads(1)
+def profile(name: str, seconds: float, revs: list, bf16: bool) -> list:
+    """One row per variant of the file (its git revisions, "" for the working tree), each part timed in turn
+    across the variants; the reference is timed in turn with the updates."""
+    modules = [load(name, rev) for rev in revs]
+    cases = [make_case(name, module) for module in modules]
+    # the sizes (the preset's) are the same in every variant
+    case = cases[0]
     steps = case["steps_per_update"]
-    row = {"steps_per_update": steps, "reference_batch": case["reference_batch"], "threads": case["threads"]}
-    row["env"] = env_time(module, case["actor_envs"], seconds)
-    row["inference"] = timed(case["infer"], seconds) / case["inference_batch"]
+    torch.set_num_threads(1)
+    # envpool's stepping: the same library call in every variant
+    env = env_time(modules[-1], case["actor_envs"], seconds)
+    inference = timed([c["infer"] for c in cases], seconds)
     torch.set_num_threads(case["threads"])
-    for part in ["copy", "forward", "targets", "optimizer", "update"]:
-        row[part] = timed(case[part], seconds) / steps if case[part] is not None else 0.0
-    row["backward"] = max(0.0, row["update"] - row["copy"] - row["forward"] - row["targets"] - row["optimizer"])
+    parts = {}
+    for part in ["copy", "forward", "targets", "optimizer"]:
+        parts[part] = timed([c[part] for c in cases], seconds) if case[part] is not None else [0.0] * len(cases)
+    references = [reference(case["reference_batch"])] + ([reference(case["reference_batch"], True)] if bf16 else [])
+    times = timed([c["update"] for c in cases] + references, seconds)
+    parts["update"] = times[: len(cases)]
+    ref = times[len(cases)]
+    ref_bf16 = times[len(cases) + 1 :]
     calls = case.get("reference_calls", 1)
-    row["reference"] = reference(case["reference_batch"], seconds) * case["reference_batch"] * calls / steps
-    row["reference_bf16"] = None
-    if bf16:
-        row["reference_bf16"] = reference(case["reference_batch"], seconds, bf16=True) * case["reference_batch"]
-        row["reference_bf16"] *= calls / steps
-    row["update_over_reference"] = row["update"] / row["reference"]
-    row["operators_per_update"], row["scalar_reads_per_update"] = counted(case["update"])
-    # per step on the cores the file's processes can use, if the parts ran side by side with no overhead
-    row["cpu_ms_per_step"] = 1e3 * (row["env"] + row["inference"] + row["update"])
-    row["cores"] = min(len(os.sched_getaffinity(0)), case.get("processes", 64))
-    row["limit_sps"] = row["cores"] / (row["env"] + row["inference"] + row["update"])
-    return row
+    rows = []
+    for v, variant in enumerate(cases):
+        row = {"steps_per_update": steps, "reference_batch": case["reference_batch"], "threads": case["threads"]}
+        row["env"] = env
+        row["inference"] = inference[v] / case["inference_batch"]
+        for part, times in parts.items():
+            row[part] = times[v] / steps
+        row["backward"] = max(0.0, row["update"] - row["copy"] - row["forward"] - row["targets"] - row["optimizer"])
+        row["reference"] = ref * calls / steps
+        row["reference_bf16"] = ref_bf16[0] * calls / steps if bf16 else None
+        row["update_over_reference"] = row["update"] / row["reference"]
+        row["operators_per_update"], row["scalar_reads_per_update"] = counted(variant["update"])
+        # per step on the cores the file's processes can use, if the parts ran side by side with no overhead
+        row["cpu_ms_per_step"] = 1e3 * (row["env"] + row["inference"] + row["update"])
+        row["cores"] = min(len(os.sched_getaffinity(0)), case.get("processes", 64))
+        row["limit_sps"] = row["cores"] / (row["env"] + row["inference"] + row["update"])
+        rows.append(row)
+    return rows
 
 
 def table(rows: dict) -> str:
@@ -510,8 +528,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--files", nargs="+", default=FILES, choices=FILES)
     p.add_argument("--seconds", type=float, default=4.0, help="timing per part")
-    p.add_argument("--repeats", type=int, default=1, help="profiles per file (alternating with --before's); medians")
-    p.add_argument("--before", default="", help="also profile the files at this git revision, alternately")
+    p.add_argument("--repeats", type=int, default=1, help="profiles per file; each figure is the median over them")
+    p.add_argument("--before", default="", help="also profile the files at this git revision, each part in turn")
     p.add_argument("--bf16", choices=["auto", "on", "off"], default="auto", help="auto: where the CPU has bf16")
     p.add_argument("--out", default=str(ROOT / "benchmark" / "results" / "profile_atari.json"))
     a = p.parse_args()
@@ -519,13 +537,10 @@ def main() -> None:
     bf16 = a.bf16 == "on" or (a.bf16 == "auto" and native_bf16())
     rows = {}
     for name in a.files:
-        runs = {rev: [] for rev in variants}
-        for _ in range(a.repeats):
-            for rev in variants:
-                runs[rev].append(profile(name, a.seconds, rev, bf16))
-        for rev in variants:
+        runs = [profile(name, a.seconds, variants, bf16) for _ in range(a.repeats)]
+        for v, rev in enumerate(variants):
             label = f"{name} at {rev}" if rev else name
-            rows[label] = median_row(runs[rev])
+            rows[label] = median_row([run[v] for run in runs])
             print(f"{label}: " + ", ".join(f"{k} {1e3 * rows[label][k]:.3f}" for k in PARTS + ["update", "reference"]))
     record = {"machine": machine(), "command": " ".join(sys.argv).replace(str(ROOT) + "/", ""), "ms": "per env step"}
     record["before"] = a.before
