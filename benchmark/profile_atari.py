@@ -46,6 +46,9 @@ from run import machine  # noqa: E402
 TEXT = dict(capture_output=True, text=True, check=True)
 FILES = ["impala", "seed", "ddppo", "a3c", "apex", "r2d2"]
 PARTS = ["env", "inference", "copy", "forward", "targets", "backward", "optimizer"]
+MEASURED = ["steps_per_update", "reference_batch", "threads", "cores", "env", "inference", "copy", "forward"]
+MEASURED += ["targets", "optimizer", "update", "reference", "reference_bf16"]
+MEASURED += ["operators_per_update", "scalar_reads_per_update"]
 
 
 def source(name: str, rev: str = "") -> Path:
@@ -403,10 +406,8 @@ def replay_case(name: str, module) -> dict:
     def update():
         module.learner_step(args, q_net, target_net, optimizer, replay, rng, progress, stats, *extra)
 
-    if name == "apex":
-        samples = 2 * args.batch_size
-    else:
-        samples = args.batch_size * (args.sequence_length + 1)
+    # the samples with gradient: Ape-X's batch; R2D2's sequences after the burn-in, with their bootstrap step
+    samples = args.batch_size if name == "apex" else args.batch_size * (args.sequence_length + 1)
     obs = torch.as_tensor(frames(args.num_envs).numpy())
 
     if name == "apex":
@@ -488,15 +489,10 @@ def profile(name: str, seconds: float, revs: list, bf16: bool) -> list:
         row["inference"] = inference[v] / case["inference_batch"]
         for part, times in parts.items():
             row[part] = times[v] / steps
-        row["backward"] = max(0.0, row["update"] - row["copy"] - row["forward"] - row["targets"] - row["optimizer"])
         row["reference"] = ref * calls / steps
         row["reference_bf16"] = ref_bf16[0] * calls / steps if bf16 else None
-        row["update_over_reference"] = row["update"] / row["reference"]
         row["operators_per_update"], row["scalar_reads_per_update"] = counted(variant["update"])
-        # per step on the cores the file's processes can use, if the parts ran side by side with no overhead
-        row["cpu_ms_per_step"] = 1e3 * (row["env"] + row["inference"] + row["update"])
         row["cores"] = min(len(os.sched_getaffinity(0)), case.get("processes", 64))
-        row["limit_sps"] = row["cores"] / (row["env"] + row["inference"] + row["update"])
         rows.append(row)
     return rows
 
@@ -519,9 +515,24 @@ def table(rows: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def derived(row: dict) -> dict:
+    """The measured parts and what follows from them: backward (the rest of the update), the update over the
+    reference, the CPU time per step and the limit on the file's cores (the parts side by side, no overhead)."""
+    measured = {key: value for key, value in row.items() if key in MEASURED}
+    rest = sum(measured[part] for part in ["copy", "forward", "targets", "optimizer"])
+    measured["backward"] = max(0.0, measured["update"] - rest)
+    measured["update_over_reference"] = measured["update"] / measured["reference"]
+    cpu = measured["env"] + measured["inference"] + measured["update"]
+    measured["cpu_ms_per_step"] = 1e3 * cpu
+    measured["limit_sps"] = measured["cores"] / cpu
+    return measured
+
+
 def median_row(rows: list) -> dict:
-    """Each figure's median over repeated profiles of one file (the counts are the same in each)."""
-    return {key: None if rows[0][key] is None else statistics.median(row[key] for row in rows) for key in rows[0]}
+    """Each measured figure's median over repeated profiles of one file (the counts are the same in each), and
+    what follows from the medians."""
+    medians = {key: None if rows[0][key] is None else statistics.median(row[key] for row in rows) for key in rows[0]}
+    return derived(medians)
 
 
 def main() -> None:
@@ -532,7 +543,15 @@ def main() -> None:
     p.add_argument("--before", default="", help="also profile the files at this git revision, each part in turn")
     p.add_argument("--bf16", choices=["auto", "on", "off"], default="auto", help="auto: where the CPU has bf16")
     p.add_argument("--out", default=str(ROOT / "benchmark" / "results" / "profile_atari.json"))
+    p.add_argument("--table", metavar="RESULTS", help="only write the tables (and derived figures) of this record")
     a = p.parse_args()
+    if a.table:
+        record = json.loads(Path(a.table).read_text())
+        record["rows"] = {label: derived(row) for label, row in record["rows"].items()}
+        Path(a.table).write_text(json.dumps(record, indent=2) + "\n")
+        Path(a.table).with_suffix(".md").write_text(table(record["rows"]))
+        print(table(record["rows"]))
+        return
     variants = [a.before, ""] if a.before else [""]
     bf16 = a.bf16 == "on" or (a.bf16 == "auto" and native_bf16())
     rows = {}
