@@ -255,11 +255,11 @@ def n_step_targets(rewards, terms, dones, gamma: float, n: int):
 def td_errors(q_net: nn.Module, target_net: nn.Module, obs, actions, returns, discounts, next_obs):
     """Double Q-learning n-step TD errors (van Hasselt et al., 2016): the online network picks the
     bootstrap action, the target network values it: delta = G + discount Q_target(x', argmax_a Q(x',
-    a)) - Q(x, a). Returns (delta, Q(x, a)); delta carries no gradient through the target. The bootstrap's passes
-    run without gradient: the backward pass covers x alone."""
-    q_sa = q_net(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
+    a)) - Q(x, a). Returns (delta, Q(x, a)); delta carries no gradient through the target."""
+    q = q_net(torch.cat([obs, next_obs]))
+    q_sa = q[: obs.shape[0]].gather(1, actions.unsqueeze(1)).squeeze(1)
     with torch.no_grad():
-        best = q_net(next_obs).argmax(1, keepdim=True)
+        best = q[obs.shape[0] :].argmax(1, keepdim=True)
         target = returns + discounts * target_net(next_obs).gather(1, best).squeeze(1)
     return target - q_sa, q_sa
 
