@@ -240,10 +240,11 @@ def second_half_rate(points: list):
     return float((steps[-1] - steps[second_half]) / (wall[-1] - wall[second_half]))
 
 
-def throughput(entries: list, minutes: float, seed: int, out: Path = THROUGHPUT) -> None:
+def throughput(entries: list, minutes: float, seed: int, out: Optional[Path] = None) -> None:
     """Steps/s of each entry's Pong command (less --resume and --capture-video), run alone for `minutes` in a
     scratch directory: the rate over the second half of the window, from the wall clock of the logged steps, so
     that start-up and a replay's learning_starts phase (actors alone) are not in it."""
+    out = out or THROUGHPUT
     results = json.loads(out.read_text()) if out.exists() else {}
     for entry in entries:
         run_dir = RAW.with_name("atari_throughput") / entry
@@ -445,7 +446,7 @@ def main() -> None:
     )
     speed.add_argument("--minutes", type=float, default=5.0)
     speed.add_argument("--seed", type=int, default=1)
-    speed.add_argument("--out", default=str(THROUGHPUT), help="the results file (entries already in it are kept)")
+    speed.add_argument("--out", default=None, help="the results file (default atari_throughput.json; its entries are kept)")
     cut = sub.add_parser("clip", help="an excerpt of a run's evaluation video as docs/img/pong_<entry>[_seed<N>].gif")
     cut.add_argument("--entry", choices=sorted(set(ENTRIES) - {"cleanrl_ppo"}), required=True)
     cut.add_argument("--seed", type=int, default=1)
@@ -459,7 +460,7 @@ def main() -> None:
         signal.signal(signal.SIGTERM, signal.default_int_handler)
         run(a.entries, a.seeds, a.hours, a.peer_min_hours)
     elif a.what == "throughput":
-        throughput(a.entries, a.minutes, a.seed, Path(a.out))
+        throughput(a.entries, a.minutes, a.seed, Path(a.out) if a.out else None)
     elif a.what == "clip":
         suffix = f".{a.machine}" if a.machine else ""
         video = next((RAW / f"{a.entry}_{a.seed}{suffix}").glob("runs/*/videos/eval_episode0.mp4"))
