@@ -446,7 +446,9 @@ def main() -> None:
     )
     speed.add_argument("--minutes", type=float, default=5.0)
     speed.add_argument("--seed", type=int, default=1)
-    speed.add_argument("--out", default=None, help="the results file (default atari_throughput.json; its entries are kept)")
+    speed.add_argument(
+        "--out", default=None, help="the results file (default atari_throughput.json; its entries are kept)"
+    )
     cut = sub.add_parser("clip", help="an excerpt of a run's evaluation video as docs/img/pong_<entry>[_seed<N>].gif")
     cut.add_argument("--entry", choices=sorted(set(ENTRIES) - {"cleanrl_ppo"}), required=True)
     cut.add_argument("--seed", type=int, default=1)
