@@ -85,6 +85,7 @@ class Args:
     docs/impala.md, Deviations)"""
     clip_reward: float = 10.0  # scaled rewards are clipped to [-clip_reward, clip_reward]
     max_grad_norm: float = 0.5  # global grad-norm clip after the all-reduce (paper: 40 for summed losses; see docs)
+    bf16: bool = False  # the learner's network under bfloat16 autocast: faster where the CPU or GPU has bf16 units
     # --- distributed ---
     num_actors: int = 0
     """actor processes per learner (0: one per CPU this rank may use; with --deterministic, the
@@ -334,7 +335,11 @@ def impala_loss(agent: Agent, batch: dict, args: Args):
     B, A], state [2, B, H])."""
     T = batch["actions"].shape[0]
     valid_all = torch.cat([batch["valid"], torch.ones_like(batch["valid"][:1])])
-    logits, values, _ = agent(batch["obs"], valid_all, batch["state"])
+    # with --bf16 the network runs in bfloat16 (weights, losses and V-trace stay float32)
+    with torch.autocast(batch["obs"].device.type, torch.bfloat16, enabled=args.bf16):
+        logits, values, _ = agent(batch["obs"], valid_all, batch["state"])
+    logits = logits.float()
+    values = values.float()
     logp_all = torch.log_softmax(logits[:T], dim=-1)
     actions = batch["actions"].unsqueeze(-1)
     target_logp = logp_all.gather(-1, actions).squeeze(-1)

@@ -88,6 +88,7 @@ class Args:
     docs/seed.md, Deviations)"""
     clip_reward: float = 10.0  # scaled rewards are clipped to [-clip_reward, clip_reward]
     max_grad_norm: float = 0.5  # global grad-norm clip (paper: 40 for summed losses; see docs)
+    bf16: bool = False  # the learner's network under bfloat16 autocast: faster where the CPU or GPU has bf16 units
     # --- distributed ---
     num_actors: int = 0  # actors beside the learner on rank 0 (0: one per CPU); other ranks are one more each
     num_buffers: int = 0  # unroll buffers (0: max(2 x unrolls per batch, unrolls per batch + 2 x actors))
@@ -338,7 +339,11 @@ def impala_loss(agent: Agent, batch: dict, args: Args):
     B, A], state [2, B, H])."""
     T = batch["actions"].shape[0]
     valid_all = torch.cat([batch["valid"], torch.ones_like(batch["valid"][:1])])
-    logits, values, _ = agent(batch["obs"], valid_all, batch["state"])
+    # with --bf16 the network runs in bfloat16 (weights, losses and V-trace stay float32)
+    with torch.autocast(batch["obs"].device.type, torch.bfloat16, enabled=args.bf16):
+        logits, values, _ = agent(batch["obs"], valid_all, batch["state"])
+    logits = logits.float()
+    values = values.float()
     logp_all = torch.log_softmax(logits[:T], dim=-1)
     actions = batch["actions"].unsqueeze(-1)
     target_logp = logp_all.gather(-1, actions).squeeze(-1)

@@ -106,6 +106,12 @@ ENTRIES = {
 # DD-PPO with 4M steps (its learning rate annealed over 4M rather than CleanRL's 10M): a run that ends, with its
 # final evaluation and video, in about 3 h of this machine (the 10M run needs about 8 h)
 ENTRIES["ddppo_4m"] = ENTRIES["ddppo"] + ["--total-timesteps", "4000000"]
+# IMPALA's candidate for the Pong time target: the learner on 1 torch thread (the file's default; beside the two
+# actors on 2 cores, 2 spinning OpenMP threads cost 27% of the steps/s), its network under bf16 autocast (5% more on
+# a CPU with bf16 units), and the learning rate annealed over 6M steps rather than 10M (both earlier runs rose to
+# about 5-10 by 4M and passed 18 only near 8M, once the rate had fallen to a fifth): impala_pong_threads.json
+ENTRIES["impala_6m"] = [PY, str(ROOT / "algos/impala.py"), "--seed", "{seed}", "--preset", "atari", "--bf16"]
+ENTRIES["impala_6m"] += ["--total-timesteps", "6000000", "--checkpoint-every", "300", *OURS]
 
 
 def make_peer_venv() -> None:
