@@ -108,8 +108,9 @@ ENTRIES = {
 ENTRIES["ddppo_4m"] = ENTRIES["ddppo"] + ["--total-timesteps", "4000000"]
 # IMPALA's candidate for the Pong time target: the learner on 1 torch thread (the file's default; beside the two
 # actors on 2 cores, 2 spinning OpenMP threads cost 27% of the steps/s), its network under bf16 autocast (5% more on
-# a CPU with bf16 units), and the learning rate annealed over 6M steps rather than 10M (both earlier runs rose to
-# about 5-10 by 4M and passed 18 only near 8M, once the rate had fallen to a fifth): impala_pong_threads.json
+# a CPU with bf16 units), and the learning rate annealed over 6M steps rather than 10M (the IMPALA and SEED runs rose
+# to about +5-12 by 4M and then held a plateau; two passed 18 at 7.3M and 7.8M, once the rate had fallen to about a
+# quarter, and IMPALA's seed 1 stayed near 10): impala_pong_threads.json
 ENTRIES["impala_6m"] = [PY, str(ROOT / "algos/impala.py"), "--seed", "{seed}", "--preset", "atari", "--bf16"]
 ENTRIES["impala_6m"] += ["--total-timesteps", "6000000", "--checkpoint-every", "300", *OURS]
 
