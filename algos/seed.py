@@ -340,7 +340,8 @@ def impala_loss(agent: Agent, batch: dict, args: Args):
     T = batch["actions"].shape[0]
     valid_all = torch.cat([batch["valid"], torch.ones_like(batch["valid"][:1])])
     # with --bf16 the network runs in bfloat16 (weights, losses and V-trace stay float32)
-    with torch.autocast(batch["obs"].device.type, torch.bfloat16, enabled=args.bf16):
+    precision = torch.autocast(batch["obs"].device.type, torch.bfloat16) if args.bf16 else contextlib.nullcontext()
+    with precision:
         logits, values, _ = agent(batch["obs"], valid_all, batch["state"])
     logits = logits.float()
     values = values.float()
