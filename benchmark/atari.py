@@ -113,6 +113,11 @@ ENTRIES["ddppo_4m"] = ENTRIES["ddppo"] + ["--total-timesteps", "4000000"]
 # quarter, and IMPALA's seed 1 stayed near 10): impala_pong_threads.json
 ENTRIES["impala_6m"] = [PY, str(ROOT / "algos/impala.py"), "--seed", "{seed}", "--preset", "atari", "--bf16"]
 ENTRIES["impala_6m"] += ["--total-timesteps", "6000000", "--checkpoint-every", "300", *OURS]
+# SEED's candidate, the same values: one learner thread (its inference and training threads each take one; 896
+# steps/s against 880 with 2 threads) and bf16 autocast (1,013): seed_pong_threads.json. IMPALA's seed 1 did not
+# reach 18 under them (best 14.05 by 6M steps); SEED's seed 1 under the 10M schedule passed 18 at 7.8M
+ENTRIES["seed_6m"] = [PY, str(ROOT / "algos/seed.py"), "--seed", "{seed}", "--preset", "atari", "--bf16"]
+ENTRIES["seed_6m"] += ["--total-timesteps", "6000000", "--checkpoint-every", "300", *OURS]
 
 
 def make_peer_venv() -> None:
@@ -408,7 +413,7 @@ def report() -> None:
     runs = []
     for seed_dir in sorted(RAW.glob("*_*")):
         # <entry>_<seed>, or with a suffix: .cut<time> (a cut peer run), .<machine> (a run made elsewhere)
-        name = re.fullmatch(r"([a-z0-9]+(?:_[a-z]+)*)_(\d+)(\.\w+)?", seed_dir.name)
+        name = re.fullmatch(r"([a-z0-9]+(?:_[a-z0-9]+)*?)_(\d+)(\.\w+)?", seed_dir.name)
         if name and name.group(1) in ENTRIES and (seed_dir / "segments.jsonl").exists():
             runs.append(measures(name.group(1), int(name.group(2)), seed_dir))
     # runs whose directories are gone (lost with an earlier work tree) keep their recorded figures

@@ -197,6 +197,8 @@ def test_pong_figures_from_a_runs_events(tmp_path, monkeypatch):
     shutil.copytree(cut_dir, elsewhere)
     gpu_machine = dict(machine, cores=16, gpu="GPU X")
     (elsewhere / "segments.jsonl").write_text(json.dumps(dict(segment, machine=gpu_machine)) + "\n")
+    # a candidate entry whose name holds digits (impala_6m) is read like the others
+    shutil.copytree(cut_dir, tmp_path / "impala_6m_3")
     # `report` records the runs found here and keeps, as recorded, the runs whose directories are gone
     monkeypatch.setattr(atari, "ROOT", tmp_path)
     monkeypatch.setattr(atari, "plot", lambda entry, runs, peer_runs: entry)
@@ -209,10 +211,11 @@ def test_pong_figures_from_a_runs_events(tmp_path, monkeypatch):
     assert [(run["entry"], run["cut"], run["last_step"]) for run in runs] == [
         ("cleanrl_ppo", True, cut["last_step"]),  # read again from its directory, not the recorded copy
         ("impala", False, cut["last_step"]),
+        ("impala_6m", False, cut["last_step"]),
         ("ddppo", False, cut["last_step"]),
     ]
     assert runs[0]["machines"] == ["test (2 cores)"] and runs[1]["machines"] == ["test (16 cores, GPU X)"]
-    assert runs[1]["seed"] == 2
+    assert runs[1]["seed"] == 2 and runs[2]["seed"] == 3
 
 
 def test_the_peer_is_stopped_only_past_2m_steps_with_a_20_episode_mean_of_18():
