@@ -688,6 +688,7 @@ class Run:
         self.run_dir = os.path.join("runs", args.run_name)
         self.checkpoint_path = os.path.join(self.run_dir, "checkpoint.pt")
         seed_everything(args, self.device)
+        keep_freed_memory()
         self.args = args
         self.env_threads = args.env_threads or 1
         self.threshold = envpool.make_spec(args.env_id).reward_threshold
@@ -1162,6 +1163,26 @@ def seed_everything(args: RunArgs, device) -> None:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(args.torch_deterministic)
         torch.backends.cudnn.deterministic = args.torch_deterministic
+
+
+# glibc's mallopt parameters
+M_TRIM_THRESHOLD = -1
+M_MMAP_MAX = -4
+
+
+def keep_freed_memory() -> None:
+    """glibc's malloc maps each large block (a batch of frames, a convolution's activations) on
+    its own and unmaps it when freed, so the next update faults the same memory in again, page by
+    page: on Pong that was up to half of a learner's time (docs/benchmarks.md, Freed memory kept).
+    Blocks from the heap, freed memory kept for reuse: the process stays at its peak. Each process
+    of a run sets it at start or inherits it from the one that forked it. Other C libraries are
+    left as they are."""
+    libc = ctypes.CDLL(None)
+    if not hasattr(libc, "mallopt"):
+        return
+    libc.mallopt(M_MMAP_MAX, 0)
+    # -1: never trim
+    libc.mallopt(M_TRIM_THRESHOLD, -1)
 
 
 def finish_distributed(args: RunArgs) -> None:

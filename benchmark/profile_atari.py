@@ -464,6 +464,11 @@ def profile(name: str, seconds: float, revs: list, bf16: bool) -> list:
     """One row per variant of the file (its git revisions, "" for the working tree), each part timed in turn
     across the variants; the reference is timed in turn with the updates."""
     modules = [load(name, rev) for rev in revs]
+    # the process's allocator as the file sets it at start (keep_freed_memory, where the version has it); process-wide,
+    # so it holds for every later part and file of this invocation: compare versions across it in two invocations
+    for module in modules:
+        if hasattr(module, "keep_freed_memory"):
+            module.keep_freed_memory()
     cases = [make_case(name, module) for module in modules]
     # the sizes (the preset's) are the same in every variant
     case = cases[0]

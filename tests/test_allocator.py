@@ -1,0 +1,64 @@
+"""keep_freed_memory, in every Atari file: after it, memory freed by one update serves the next without faulting in
+again page by page (glibc's malloc otherwise maps each large block on its own and unmaps it when freed)."""
+
+import inspect
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ALGOS, load_algo
+
+ATARI_FILES = ["impala", "seed", "ddppo", "a3c", "apex", "r2d2"]
+PAGES = (256 << 20) // 4096
+
+# a child process: a 256 MiB tensor allocated and freed six times, as an update's batch is; it prints the page faults
+# of the last three (the heap has grown to what the pattern needs by then)
+CHILD = """
+import importlib.util, resource, sys
+import torch
+if sys.argv[1]:
+    spec = importlib.util.spec_from_file_location("algo", sys.argv[1])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.keep_freed_memory()
+faults = []
+for _ in range(6):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    block = torch.ones(64 << 20)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    del block
+print(sum(faults[3:]))
+"""
+
+
+def late_allocation_faults(path: str) -> int:
+    out = subprocess.run([sys.executable, "-c", CHILD, path], capture_output=True, text=True, timeout=120, check=True)
+    return int(out.stdout.split()[-1])
+
+
+def glibc() -> bool:
+    return sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+
+
+@pytest.mark.skipif(not glibc(), reason="glibc's malloc only")
+def test_without_it_a_freed_block_faults_in_again():
+    # the control: what keep_freed_memory removes is there to remove (unless huge pages back every block)
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if thp.exists() and "[always]" in thp.read_text():
+        pytest.skip("transparent huge pages always on: few faults either way")
+    assert late_allocation_faults("") > PAGES
+
+
+@pytest.mark.skipif(not glibc(), reason="glibc's malloc only")
+@pytest.mark.parametrize("name", ATARI_FILES)
+def test_keep_freed_memory_reuses_a_freed_block(name):
+    assert late_allocation_faults(str(ALGOS / f"{name}.py")) < PAGES // 20
+
+
+@pytest.mark.parametrize("name", ATARI_FILES)
+def test_the_run_sets_it_at_start(name):
+    # before the actors fork (they inherit it) and before the learner allocates anything large
+    source = inspect.getsource(load_algo(name).Run.__init__)
+    assert source.index("keep_freed_memory()") < source.index("self.args = args")
