@@ -1201,11 +1201,12 @@ def keep_freed_memory() -> None:
     """glibc's malloc maps each large block (a batch of frames, a convolution's activations) on
     its own and unmaps it when freed, so the next update faults the same memory in again, page by
     page: on Pong that was up to half of a learner's time (docs/benchmarks.md, Freed memory kept).
-    Blocks from the heap, freed memory kept for reuse: the process stays at its peak. Each process
-    of a run sets it at start or inherits it from the one that forked it. Other C libraries are
-    left as they are."""
+    Here blocks come from the heap and freed memory stays there for reuse, so the process keeps
+    about its peak (threads other than the main one still map blocks over 64 MiB on their own).
+    Each process of a run sets it at start or inherits it from the one that forked it. Other C
+    libraries are left as they are."""
     libc = ctypes.CDLL(None)
-    if not hasattr(libc, "mallopt"):
+    if not hasattr(libc, "gnu_get_libc_version"):
         return
     libc.mallopt(M_MMAP_MAX, 0)
     # -1: never trim

@@ -255,11 +255,11 @@ def n_step_targets(rewards, terms, dones, gamma: float, n: int):
 def td_errors(q_net: nn.Module, target_net: nn.Module, obs, actions, returns, discounts, next_obs):
     """Double Q-learning n-step TD errors (van Hasselt et al., 2016): the online network picks the
     bootstrap action, the target network values it: delta = G + discount Q_target(x', argmax_a Q(x',
-    a)) - Q(x, a). Returns (delta, Q(x, a)); delta carries no gradient through the target."""
-    q = q_net(torch.cat([obs, next_obs]))
-    q_sa = q[: obs.shape[0]].gather(1, actions.unsqueeze(1)).squeeze(1)
+    a)) - Q(x, a). Returns (delta, Q(x, a)); delta carries no gradient through the target. Both
+    passes over x' run without gradient, so the backward pass covers x alone."""
+    q_sa = q_net(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
     with torch.no_grad():
-        best = q[obs.shape[0] :].argmax(1, keepdim=True)
+        best = q_net(next_obs).argmax(1, keepdim=True)
         target = returns + discounts * target_net(next_obs).gather(1, best).squeeze(1)
     return target - q_sa, q_sa
 
@@ -953,6 +953,8 @@ class Run:
         summary."""
         self.replay = replay
         self.segment_start = restore_replay(replay, self.progress, self.checkpoint_path)
+        # the checkpoint's copy of the replay was freed with it
+        release_freed_memory()
         return self.segment_start
 
     def start_training(self, epsilon: torch.Tensor) -> dict:
@@ -1730,15 +1732,24 @@ def keep_freed_memory() -> None:
     """glibc's malloc maps each large block (a batch of frames, a convolution's activations) on
     its own and unmaps it when freed, so the next update faults the same memory in again, page by
     page: on Pong that was up to half of a learner's time (docs/benchmarks.md, Freed memory kept).
-    Blocks from the heap, freed memory kept for reuse: the process stays at its peak. Each process
-    of a run sets it at start or inherits it from the one that forked it. Other C libraries are
-    left as they are."""
+    Here blocks come from the heap and freed memory stays there for reuse, so the process keeps
+    about its peak (threads other than the main one still map blocks over 64 MiB on their own).
+    Each process of a run sets it at start or inherits it from the one that forked it. Other C
+    libraries are left as they are."""
     libc = ctypes.CDLL(None)
-    if not hasattr(libc, "mallopt"):
+    if not hasattr(libc, "gnu_get_libc_version"):
         return
     libc.mallopt(M_MMAP_MAX, 0)
     # -1: never trim
     libc.mallopt(M_TRIM_THRESHOLD, -1)
+
+
+def release_freed_memory() -> None:
+    """Gives the memory freed so far back to the system (glibc's malloc_trim), after a one-off large
+    free that keep_freed_memory would otherwise keep: a checkpoint's copy of the replay."""
+    libc = ctypes.CDLL(None)
+    if hasattr(libc, "gnu_get_libc_version"):
+        libc.malloc_trim(0)
 
 
 def agree_on_actors(args: RunArgs, segment: int, start_round: int) -> None:

@@ -1132,6 +1132,8 @@ class Run:
         summary."""
         self.replay = replay
         self.segment_start = restore_replay(replay, self.progress, self.checkpoint_path)
+        # the checkpoint's copy of the replay was freed with it
+        release_freed_memory()
         return self.segment_start
 
     def start_training(self, epsilon: torch.Tensor) -> dict:
@@ -1917,15 +1919,24 @@ def keep_freed_memory() -> None:
     """glibc's malloc maps each large block (a batch of frames, a convolution's activations) on
     its own and unmaps it when freed, so the next update faults the same memory in again, page by
     page: on Pong that was up to half of a learner's time (docs/benchmarks.md, Freed memory kept).
-    Blocks from the heap, freed memory kept for reuse: the process stays at its peak. Each process
-    of a run sets it at start or inherits it from the one that forked it. Other C libraries are
-    left as they are."""
+    Here blocks come from the heap and freed memory stays there for reuse, so the process keeps
+    about its peak (threads other than the main one still map blocks over 64 MiB on their own).
+    Each process of a run sets it at start or inherits it from the one that forked it. Other C
+    libraries are left as they are."""
     libc = ctypes.CDLL(None)
-    if not hasattr(libc, "mallopt"):
+    if not hasattr(libc, "gnu_get_libc_version"):
         return
     libc.mallopt(M_MMAP_MAX, 0)
     # -1: never trim
     libc.mallopt(M_TRIM_THRESHOLD, -1)
+
+
+def release_freed_memory() -> None:
+    """Gives the memory freed so far back to the system (glibc's malloc_trim), after a one-off large
+    free that keep_freed_memory would otherwise keep: a checkpoint's copy of the replay."""
+    libc = ctypes.CDLL(None)
+    if hasattr(libc, "gnu_get_libc_version"):
+        libc.malloc_trim(0)
 
 
 def agree_on_actors(args: RunArgs, segment: int, start_round: int) -> None:

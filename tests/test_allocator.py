@@ -62,3 +62,33 @@ def test_the_run_sets_it_at_start(name):
     # before the actors fork (they inherit it) and before the learner allocates anything large
     source = inspect.getsource(load_algo(name).Run.__init__)
     assert source.index("keep_freed_memory()") < source.index("self.args = args")
+
+
+# a child process: with freed memory kept, a freed 256 MiB block stays resident until release_freed_memory; it
+# prints the resident MiB after the free and after the release
+RELEASE = """
+import importlib.util, os, sys
+import torch
+spec = importlib.util.spec_from_file_location("algo", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+module.keep_freed_memory()
+def resident():
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+block = torch.ones(64 << 20)
+del block
+kept = resident()
+module.release_freed_memory()
+print(kept, resident())
+"""
+
+
+@pytest.mark.skipif(not glibc(), reason="glibc's malloc only")
+@pytest.mark.parametrize("name", ["apex", "r2d2"])
+def test_a_checkpoints_replay_is_given_back_after_its_restore(name):
+    command = [sys.executable, "-c", RELEASE, str(ALGOS / f"{name}.py")]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+    kept, released = map(float, out.stdout.split()[-2:])
+    assert kept - released > 200
+    source = inspect.getsource(load_algo(name).Run.restore_replay)
+    assert source.index("restore_replay(") < source.index("release_freed_memory()")

@@ -119,6 +119,17 @@ def test_dueling_double_q_td_errors():
     torch.testing.assert_close(abs_td, d.abs())
     loss.backward()  # the target is a constant: no gradient reaches the target network
     assert all(p.grad is None for p in target.parameters()) and all(p.grad is not None for p in online.parameters())
+    # the gradient is the reference loss's: per sample, a constant target y_i minus Q_online(x_i, a_i)
+    terms = []
+    for i in range(B):
+        with torch.no_grad():
+            a_star = online(next_obs[i : i + 1]).argmax()
+            y = G[i] + disc[i] * target(next_obs[i : i + 1])[0, a_star]
+        d_i = y - online(obs[i : i + 1])[0, actions[i]]
+        terms.append(weights[i] * torch.where(d_i.abs() < 1, 0.5 * d_i**2, d_i.abs() - 0.5))
+    reference = torch.autograd.grad(torch.stack(terms).mean(), list(online.parameters()))
+    for param, expected in zip(online.parameters(), reference, strict=True):
+        torch.testing.assert_close(param.grad, expected, rtol=1e-4, atol=1e-6)
 
 
 def test_sum_tree_sampling_frequencies_match_priorities():
