@@ -29,8 +29,9 @@ def saved(payload) -> bytes:
 
 
 def refused(runner, name: str, content: bytes, tmp_name: str, *extra) -> str:
-    """Resume from a checkpoint holding `content`: exit 2 within 10 s, one line on stderr naming --resume, the
-    file unchanged. Returns the line."""
+    """Resume from a checkpoint holding `content`: exit 2 within 20 s (a guard against a hang: with imports and
+    two forked workers, ES took 9-10 s on a loaded 2-core Zen 3), one line on stderr naming --resume, the file
+    unchanged. Returns the line."""
     run_dir = runner.run_dir("CartPole-v1", tmp_name)
     run_dir.mkdir(parents=True)
     checkpoint = run_dir / "checkpoint.pt"
@@ -41,7 +42,7 @@ def refused(runner, name: str, content: bytes, tmp_name: str, *extra) -> str:
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "--resume" in lines[0], proc.stderr[-2000:]
-    assert elapsed < 10, f"took {elapsed:.1f} s"
+    assert elapsed < 20, f"took {elapsed:.1f} s"
     assert checkpoint.read_bytes() == content
     return lines[0]
 
