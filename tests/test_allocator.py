@@ -13,8 +13,8 @@ from conftest import ALGOS, load_algo
 ATARI_FILES = ["impala", "seed", "ddppo", "a3c", "apex", "r2d2"]
 PAGES = (256 << 20) // 4096
 
-# a child process: a 256 MiB tensor allocated and freed six times, as an update's batch is; it prints the page faults
-# of the last three (the heap has grown to what the pattern needs by then)
+# a child process: a 256 MiB tensor allocated and freed eight times, as an update's batch is; it prints the fewest
+# page faults of one allocation after the first two (the heap may take a few rounds to hold the pattern)
 CHILD = """
 import importlib.util, resource, sys
 import torch
@@ -24,12 +24,12 @@ if sys.argv[1]:
     spec.loader.exec_module(module)
     module.keep_freed_memory()
 faults = []
-for _ in range(6):
+for _ in range(8):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     block = torch.ones(64 << 20)
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     del block
-print(sum(faults[3:]))
+print(min(faults[2:]))
 """
 
 
@@ -48,7 +48,7 @@ def test_without_it_a_freed_block_faults_in_again():
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     if thp.exists() and "[always]" in thp.read_text():
         pytest.skip("transparent huge pages always on: few faults either way")
-    assert late_allocation_faults("") > PAGES
+    assert late_allocation_faults("") > PAGES // 2
 
 
 @pytest.mark.skipif(not glibc(), reason="glibc's malloc only")
