@@ -86,6 +86,7 @@ class Args:
     clip_reward: float = 10.0  # scaled rewards are clipped to [-clip_reward, clip_reward]
     max_grad_norm: float = 0.5  # global grad-norm clip after the all-reduce (paper: 40 for summed losses; see docs)
     bf16: bool = False  # the learner's network under bfloat16 autocast: faster where the CPU or GPU has bf16 units
+    compile: bool = False  # the learner's loss (network and V-trace) under torch.compile: fewer launches on a GPU
     # --- distributed ---
     num_actors: int = 0
     """actor processes per learner (0: one per CPU this rank may use; with --deterministic, the
@@ -665,17 +666,26 @@ def take_batch(buffers: dict, indices: list, free_q, device):
     return batch, returns, versions, finished
 
 
-def learner_step(args: Args, agent: Agent, optimizer, flat: torch.Tensor, batch: dict, returns, read_counters):
+def learner_step(
+    args: Args,
+    agent: Agent,
+    optimizer,
+    flat: torch.Tensor,
+    batch: dict,
+    returns,
+    read_counters,
+    loss_function=impala_loss,
+):
     """One update: rewards scaled by the statistics before this batch, the V-trace loss and its
     gradient; one all-reduce carries the gradients (averaged over ranks), the bookkeeping's counters
     (`read_counters()`, read after the backward pass: this update's steps and whether this rank was asked
     to stop) and the moments of this batch's discounted returns (summed), so that the reward scaler is the
-    same on every rank; then the clip and the optimizer's step. Returns the losses and the summed
-    counters."""
+    same on every rank; then the clip and the optimizer's step. `loss_function` is impala_loss, compiled with
+    --compile. Returns the losses and the summed counters."""
     return_rms = agent.return_rms
     if return_rms is not None:
         batch["rewards"] = scale_rewards(batch["rewards"], return_rms, args.clip_reward)
-    loss, losses = impala_loss(agent, batch, args)
+    loss, losses = loss_function(agent, batch, args)
     # zeroed in place: the parameters' gradients are views of flat.grad
     optimizer.zero_grad(set_to_none=False)
     loss.backward()
@@ -748,6 +758,8 @@ def main(args: Args) -> int:
     agent = agent.to(device)
     flat = flatten_parameters(agent)
     optimizer = make_optimizer(args, flat)
+    # --compile: the loss compiled on its first call (docs/impala.md, Details)
+    loss_function = torch.compile(impala_loss) if args.compile else impala_loss
     # fresh progress, or a checkpoint's with --resume (weights and optimizer state loaded in place); rank 0's
     # weights go to every rank, so that all learners start identical
     progress = run.restore(agent, optimizer)
@@ -773,7 +785,9 @@ def main(args: Args) -> int:
             # LEARN: V-trace on the batch, gradients averaged over ranks (run.update_counters: the bookkeeping's
             # steps and stop request, summed over ranks in the same all-reduce)
             optimizer.param_groups[0]["lr"] = learning_rate(args, update)
-            losses, counters = learner_step(args, agent, optimizer, flat, batch, returns, run.update_counters)
+            losses, counters = learner_step(
+                args, agent, optimizer, flat, batch, returns, run.update_counters, loss_function
+            )
             # PUBLISH: the new parameters for the actors
             store.publish(flat, update + 1)
             run.lap("learn")

@@ -89,6 +89,7 @@ class Args:
     clip_reward: float = 10.0  # scaled rewards are clipped to [-clip_reward, clip_reward]
     max_grad_norm: float = 0.5  # global grad-norm clip (paper: 40 for summed losses; see docs)
     bf16: bool = False  # the learner's network under bfloat16 autocast: faster where the CPU or GPU has bf16 units
+    compile: bool = False  # the learner's loss (network and V-trace) under torch.compile: fewer launches on a GPU
     # --- distributed ---
     num_actors: int = 0  # actors beside the learner on rank 0 (0: one per CPU); other ranks are one more each
     num_buffers: int = 0  # unroll buffers (0: max(2 x unrolls per batch, unrolls per batch + 2 x actors))
@@ -717,14 +718,17 @@ def take_batch(buffers: dict, indices: list, free_q, device):
     return batch, returns, versions, finished
 
 
-def learner_step(args: Args, agent: Agent, optimizer, flat: torch.Tensor, batch: dict, returns):
+def learner_step(
+    args: Args, agent: Agent, optimizer, flat: torch.Tensor, batch: dict, returns, loss_function=impala_loss
+):
     """One update up to the optimizer's step: rewards scaled by the statistics before this batch, the
     V-trace loss and its gradient, then this batch's discounted returns merged into the reward scaler;
-    the clip. The optimizer's step comes next, in step_and_publish. Returns the losses."""
+    the clip. The optimizer's step comes next, in step_and_publish. `loss_function` is impala_loss, compiled
+    with --compile. Returns the losses."""
     return_rms = agent.return_rms
     if return_rms is not None:
         batch["rewards"] = scale_rewards(batch["rewards"], return_rms, args.clip_reward)
-    loss, losses = impala_loss(agent, batch, args)
+    loss, losses = loss_function(agent, batch, args)
     # zeroed in place: the parameters' gradients are views of flat.grad
     optimizer.zero_grad(set_to_none=False)
     loss.backward()
@@ -797,6 +801,8 @@ def main(args: Args) -> int:
     agent = agent.to(device)
     flat = flatten_parameters(agent)
     optimizer = make_optimizer(args, flat)
+    # --compile: the loss compiled on its first call (docs/seed.md, Details)
+    loss_function = torch.compile(impala_loss) if args.compile else impala_loss
     # fresh progress, or a checkpoint's with --resume (weights and optimizer state loaded in place; its update
     # goes to the remote actors, whose env seeds depend on it)
     progress = run.restore(agent, optimizer)
@@ -821,7 +827,7 @@ def main(args: Args) -> int:
             batch, returns, versions, finished = take_batch(unroll_queue.buffers, indices, unroll_queue.free_q, device)
             # LEARN: V-trace on the batch
             optimizer.param_groups[0]["lr"] = learning_rate(args, update)
-            losses = learner_step(args, agent, optimizer, flat, batch, returns)
+            losses = learner_step(args, agent, optimizer, flat, batch, returns, loss_function)
             # PUBLISH: the optimizer's step, under the inference thread's lock, as version update + 1
             step_and_publish(optimizer, lock, control, update + 1)
             run.lap("learn")

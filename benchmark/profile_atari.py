@@ -21,6 +21,11 @@ trains at is `python benchmark/atari.py throughput`'s.
 
   python benchmark/profile_atari.py                       # -> benchmark/results/profile_atari.json and .md
   python benchmark/profile_atari.py --files impala --seconds 2 --before HEAD~1   # each part before and after
+  python benchmark/profile_atari.py --files impala seed --compile   # also the update with --compile's loss
+
+With --compile, IMPALA's and SEED's rows are followed by a variant whose learner step takes the loss under
+torch.compile (the files' --compile); its parts other than the update stay eager, and its operator count adds the
+compiled kernels to the leaf operators. `first_update_s` is the first update's time (with --compile: compiling).
 """
 
 import argparse
@@ -48,7 +53,7 @@ FILES = ["impala", "seed", "ddppo", "a3c", "apex", "r2d2"]
 PARTS = ["env", "inference", "copy", "forward", "targets", "backward", "optimizer"]
 MEASURED = ["steps_per_update", "reference_batch", "threads", "cores", "env", "inference", "copy", "forward"]
 MEASURED += ["targets", "optimizer", "update", "reference", "reference_bf16"]
-MEASURED += ["operators_per_update", "scalar_reads_per_update"]
+MEASURED += ["operators_per_update", "scalar_reads_per_update", "first_update_s"]
 
 
 def source(name: str, rev: str = "") -> Path:
@@ -98,6 +103,8 @@ def counted(fn) -> tuple:
         fn()
     events = [e for e in prof.events() if e.name.startswith("aten::")]
     leaves = sum(1 for e in events if not any(c.name.startswith("aten::") for c in e.cpu_children))
+    # torch.compile's kernels (recorded with inductor's cpp.enable_kernel_profile, set by --compile)
+    leaves += sum(1 for e in prof.events() if "cpp_fused" in e.name)
     scalars = sum(1 for e in events if e.name == "aten::_local_scalar_dense")
     return leaves, scalars
 
@@ -163,9 +170,10 @@ def clip_and_step(flat: torch.Tensor, optimizer, max_norm: float):
 
 
 # ------------------------------------------------------------------------------------------------- the files
-def case_impala(name: str, module) -> dict:
+def case_impala(name: str, module, compiled: bool = False) -> dict:
     """IMPALA and SEED share the learner: V-trace on [T + 1, B] frames. IMPALA's actors each infer for their
-    num_envs; SEED's learner infers for every actor at once (one per CPU)."""
+    num_envs; SEED's learner infers for every actor at once (one per CPU). compiled: the update's loss under
+    torch.compile, as the files' --compile."""
     args = preset_args(module)
     T, B, A = args.unroll_length, args.batch_size, 6
     agent = module.Agent((4, 84, 84), A)
@@ -207,13 +215,15 @@ def case_impala(name: str, module) -> dict:
             args.gamma,
         )
 
+    loss_function = torch.compile(module.impala_loss) if compiled else module.impala_loss
+
     def update():
         b, r = take()
         if name == "impala":
-            module.learner_step(args, agent, optimizer, flat, b, r, lambda: torch.zeros(2))
+            module.learner_step(args, agent, optimizer, flat, b, r, lambda: torch.zeros(2), loss_function)
         else:
             # SEED: the step is the training thread's next call (step_and_publish), under the inference lock
-            module.learner_step(args, agent, optimizer, flat, b, r)
+            module.learner_step(args, agent, optimizer, flat, b, r, loss_function)
             optimizer.step()
 
     inference_batch = args.num_envs * (len(os.sched_getaffinity(0)) if name == "seed" else 1)
@@ -443,9 +453,9 @@ def replay_case(name: str, module) -> dict:
     }
 
 
-def make_case(name: str, module) -> dict:
+def make_case(name: str, module, compiled: bool = False) -> dict:
     if name in ("impala", "seed"):
-        return case_impala(name, module)
+        return case_impala(name, module, compiled)
     if name == "ddppo":
         return case_ddppo(module)
     if name == "a3c":
@@ -460,16 +470,16 @@ def native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def profile(name: str, seconds: float, revs: list, bf16: bool) -> list:
-    """One row per variant of the file (its git revisions, "" for the working tree), each part timed in turn
-    across the variants; the reference is timed in turn with the updates."""
-    modules = [load(name, rev) for rev in revs]
+def profile(name: str, seconds: float, variants: list, bf16: bool) -> list:
+    """One row per variant of the file ((git revision, "" for the working tree; compiled)), each part timed in
+    turn across the variants; the reference is timed in turn with the updates."""
+    modules = [load(name, rev) for rev, _ in variants]
     # the process's allocator as the file sets it at start (keep_freed_memory, where the version has it); process-wide,
     # so it holds for every later part and file of this invocation: compare versions across it in two invocations
     for module in modules:
         if hasattr(module, "keep_freed_memory"):
             module.keep_freed_memory()
-    cases = [make_case(name, module) for module in modules]
+    cases = [make_case(name, module, compiled) for module, (_, compiled) in zip(modules, variants, strict=True)]
     # the sizes (the preset's) are the same in every variant
     case = cases[0]
     steps = case["steps_per_update"]
@@ -478,6 +488,11 @@ def profile(name: str, seconds: float, revs: list, bf16: bool) -> list:
     env = env_time(modules[-1], case["actor_envs"], seconds)
     inference = timed([c["infer"] for c in cases], seconds)
     torch.set_num_threads(case["threads"])
+    first_update = []
+    for c in cases:
+        start = time.perf_counter()
+        c["update"]()
+        first_update.append(time.perf_counter() - start)
     parts = {}
     for part in ["copy", "forward", "targets", "optimizer"]:
         parts[part] = timed([c[part] for c in cases], seconds) if case[part] is not None else [0.0] * len(cases)
@@ -498,6 +513,7 @@ def profile(name: str, seconds: float, revs: list, bf16: bool) -> list:
         row["reference_bf16"] = ref_bf16[0] * calls / steps if bf16 else None
         row["operators_per_update"], row["scalar_reads_per_update"] = counted(variant["update"])
         row["cores"] = min(len(os.sched_getaffinity(0)), case.get("processes", 64))
+        row["first_update_s"] = first_update[v]
         rows.append(row)
     return rows
 
@@ -509,8 +525,8 @@ def table(rows: dict) -> str:
         cells = [f"{1e3 * row[part]:.3f}" for part in PARTS]
         bf16 = f"{1e3 * row['reference_bf16']:.3f}" if row["reference_bf16"] is not None else "not run"
         cells += [f"{1e3 * row['update']:.3f}", f"{1e3 * row['reference']:.3f}", bf16]
-        cells += [f"{row['update_over_reference']:.2f}", str(row["operators_per_update"])]
-        cells += [str(row["scalar_reads_per_update"])]
+        cells += [f"{row['update_over_reference']:.2f}", str(int(row["operators_per_update"]))]
+        cells += [str(int(row["scalar_reads_per_update"]))]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("| file | CPU ms per step | cores | limit (steps/s) |")
@@ -547,6 +563,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1, help="profiles per file; each figure is the median over them")
     p.add_argument("--before", default="", help="also profile the files at this git revision, each part in turn")
     p.add_argument("--bf16", choices=["auto", "on", "off"], default="auto", help="auto: where the CPU has bf16")
+    p.add_argument("--compile", action="store_true", help="IMPALA and SEED: also the update with --compile's loss")
     p.add_argument("--out", default=str(ROOT / "benchmark" / "results" / "profile_atari.json"))
     p.add_argument("--table", metavar="RESULTS", help="only write the tables (and derived figures) of this record")
     a = p.parse_args()
@@ -557,13 +574,20 @@ def main() -> None:
         Path(a.table).with_suffix(".md").write_text(table(record["rows"]))
         print(table(record["rows"]))
         return
-    variants = [a.before, ""] if a.before else [""]
+    if a.compile:
+        # the compiled kernels as profiler events, so that `counted` sees them
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.enable_kernel_profile = True
     bf16 = a.bf16 == "on" or (a.bf16 == "auto" and native_bf16())
     rows = {}
     for name in a.files:
+        variants = [(a.before, False), ("", False)] if a.before else [("", False)]
+        if a.compile and name in ("impala", "seed"):
+            variants.append(("", True))
         runs = [profile(name, a.seconds, variants, bf16) for _ in range(a.repeats)]
-        for v, rev in enumerate(variants):
-            label = f"{name} at {rev}" if rev else name
+        for v, (rev, compiled) in enumerate(variants):
+            label = f"{name} at {rev}" if rev else name + (", compiled" if compiled else "")
             rows[label] = median_row([run[v] for run in runs])
             print(f"{label}: " + ", ".join(f"{k} {1e3 * rows[label][k]:.3f}" for k in PARTS + ["update", "reference"]))
     record = {"machine": machine(), "command": " ".join(sys.argv).replace(str(ROOT) + "/", ""), "ms": "per env step"}

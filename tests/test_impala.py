@@ -1,6 +1,7 @@
 """IMPALA (algos/impala.py). The pure functions (V-trace, loss, networks) are the same text in
 algos/seed.py, so their tests run on both files; tests/test_seed.py covers what differs."""
 
+import json
 import time
 
 import numpy as np
@@ -193,6 +194,37 @@ def test_bf16_runs_the_network_in_bfloat16_and_the_loss_in_float32(algo):
     torch.testing.assert_close(results[True][1], results[False][1], rtol=0.05, atol=0.02)
     cosine = torch.nn.functional.cosine_similarity(results[True][2].flatten(), results[False][2].flatten(), dim=0)
     assert cosine > 0.99
+
+
+# stands in for torch.compile in the child process: it records what was compiled and how often it was called
+RECORDING_COMPILE = """
+import atexit, json, os, torch
+calls = {}
+def recording_compile(function, **options):
+    calls[function.__name__] = 0
+    def compiled(*args, **kwargs):
+        calls[function.__name__] += 1
+        return function(*args, **kwargs)
+    return compiled
+torch.compile = recording_compile
+atexit.register(lambda: open(os.environ["COMPILE_RECORD"], "w").write(json.dumps(calls)))
+"""
+
+
+@pytest.mark.parametrize("name", ["impala", "seed"])
+def test_compile_flag_hands_the_compiled_loss_to_every_learner_step(runner, monkeypatch, tmp_path, name):
+    """--compile: main compiles impala_loss once and every update's learner step calls the compiled function. The
+    child's torch.compile is a recorder (a sitecustomize on PYTHONPATH), so the test compiles nothing."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(RECORDING_COMPILE)
+    monkeypatch.setenv("PYTHONPATH", str(hook))
+    monkeypatch.setenv("COMPILE_RECORD", str(tmp_path / "compiled.json"))
+    check_ok(runner.run(name, "--total-timesteps", 12800, "--num-actors", 2, "--compile", "--exp-name", name))
+    defaults = load_algo(name).Args()
+    updates = 12800 // (defaults.batch_size * defaults.unroll_length)
+    assert json.loads((tmp_path / "compiled.json").read_text()) == {"impala_loss": updates}
+    assert runner.summary("CartPole-v1", name)["global_step"] == 12800
 
 
 def actor_harness(args, num_buffers: int, free: int, actors: int):
