@@ -418,10 +418,11 @@ def flatten_parameters(agent: nn.Module) -> torch.Tensor:
 
 
 def make_optimizer(args: Args, flat: torch.Tensor) -> torch.optim.Optimizer:
-    """RMSProp (the paper's, momentum 0) or Adam, on the flat parameter vector."""
+    """RMSProp (the paper's, momentum 0) or Adam, on the flat parameter vector. On CUDA, Adam is fused: one
+    kernel per step, its step counter on the device, so the step reads nothing back to the host."""
     if args.optimizer == "rmsprop":
         return torch.optim.RMSprop([flat], lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
-    return torch.optim.Adam([flat], lr=args.learning_rate, eps=args.adam_eps)
+    return torch.optim.Adam([flat], lr=args.learning_rate, eps=args.adam_eps, fused=flat.is_cuda)
 
 
 # ----------------------------------------------------------------------------------------------- roles
@@ -699,22 +700,47 @@ def next_batch(args: Args, full_q, actors: list, inference, control: dict) -> li
     return chosen
 
 
+# the batch's tensors for the learner; the rest is bookkeeping, read on the CPU
+LEARNER_KEYS = ["obs", "actions", "logits", "state", "rewards", "terms", "dones", "valid"]
+
+
+def gather_to_device(buffers: dict, index: torch.Tensor, device) -> dict:
+    """buffer[index] of each buffer, on `device`, in one host-to-device copy: gathered into one byte buffer
+    (pinned where the device is CUDA, so that the copy runs asynchronously), moved, and viewed again as the
+    gathered tensors. Each tensor starts on a 64-byte boundary."""
+    device = torch.device(device)
+    shapes, spans = {}, {}
+    size = 0
+    for key, buffer in buffers.items():
+        shapes[key] = (len(index), *buffer.shape[1:])
+        # the next 64-byte boundary
+        start = -(-size // 64) * 64
+        size = start + math.prod(shapes[key]) * buffer.element_size()
+        spans[key] = (start, size)
+    staging = torch.empty(size, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    for key, (start, end) in spans.items():
+        gathered = staging[start:end].view(buffers[key].dtype).view(shapes[key])
+        torch.index_select(buffers[key], 0, index, out=gathered)
+    moved = staging.to(device, non_blocking=True)
+    return {key: moved[start:end].view(buffers[key].dtype).view(shapes[key]) for key, (start, end) in spans.items()}
+
+
 def take_batch(buffers: dict, indices: list, free_q, device):
-    """Copy the unrolls out ([K, T, N] -> [T, K*N]) and hand their buffers straight back to
-    inference. Returns the batch (on the device), the discounted returns (the reward scaler's
-    statistic), the versions of the parameters that produced the unrolls, and the (return, length)
-    of the episodes that ended in them."""
+    """Copy the unrolls out and hand their buffers straight back to the inference thread. The learner's part
+    goes to the device in one copy and is laid out there ([K, T, N] -> [T, K*N]). Returns the batch (on the
+    device), the discounted returns (the reward scaler's statistic), the versions of the parameters that produced
+    the unrolls, and the (return, length) of the episodes that ended in them."""
     index = torch.tensor(indices)
-    batch = {key: buffer[index].transpose(0, 1).flatten(1, 2) for key, buffer in buffers.items() if key != "meta"}
+    unrolls = gather_to_device({key: buffers[key] for key in LEARNER_KEYS}, index, device)
+    returns, episode_return, episode_length = (
+        buffers[key][index].transpose(0, 1).flatten(1, 2) for key in ["returns", "ep_return", "ep_length"]
+    )
     versions = buffers["meta"][index][:, 0]
     for k in indices:
         free_q.put(k)
-    episode_return = batch.pop("ep_return")
-    episode_length = batch.pop("ep_length")
-    returns = batch.pop("returns")
+    batch = {key: value.transpose(0, 1).flatten(1, 2) for key, value in unrolls.items()}
     ended = ~torch.isnan(episode_return)
     finished = list(zip(episode_return[ended].tolist(), episode_length[ended].tolist(), strict=True))
-    batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
     return batch, returns, versions, finished
 
 

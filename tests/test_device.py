@@ -2,6 +2,8 @@
 dtypes, no data) under a dispatch mode that applies CUDA's placement rules: a tensor created on the CPU in the middle
 of work on the device fails here as it would on a GPU, instead of only on the first GPU run."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -223,6 +225,34 @@ def test_vtrace_learner_on_device(on_device, module, use_lstm):
         state = [value for value in torch_optimizer.state[flat].values() if value.dim() > 0]
         assert losses.device == flat.grad.device == META and all(value.device == META for value in state)
     assert len(module.evaluate(agent, "CartPole-v1", 2, 0, META)) == 2
+
+
+class Transfers(TorchDispatchMode):
+    """Counts the copies from the CPU to the device."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is aten._to_copy.default and args[0].device == CPU and kwargs.get("device") == META:
+            self.count += 1
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("module", [impala, seed], ids=["impala", "seed"])
+def test_take_batch_moves_the_batch_in_one_copy(on_device, module):
+    """The learner's tensors reach the device in one host-to-device copy; the bookkeeping stays on the CPU."""
+    args = module.Args(num_envs=3, unroll_length=4)
+    space = SimpleNamespace(observation_space=SimpleNamespace(shape=(4, 84, 84)), action_space=SimpleNamespace(n=6))
+    buffers = module.unroll_buffers(args, space, 4, state_width=0)
+    with Transfers() as transfers:
+        batch, returns, _, _ = module.take_batch(buffers, [2, 0], module.queue.Queue(), META)
+    assert transfers.count == 1
+    assert all(value.device == META for value in batch.values()) and returns.device == CPU
+    assert batch["obs"].shape == (5, 6, 4, 84, 84) and batch["obs"].dtype == torch.uint8
+    assert batch["actions"].shape == (4, 6) and batch["actions"].dtype == torch.long
 
 
 # ------------------------------------------------------------------------------------------ Ape-X learner

@@ -2,7 +2,9 @@
 algos/seed.py, so their tests run on both files; tests/test_seed.py covers what differs."""
 
 import json
+import queue
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -194,6 +196,38 @@ def test_bf16_runs_the_network_in_bfloat16_and_the_loss_in_float32(algo):
     torch.testing.assert_close(results[True][1], results[False][1], rtol=0.05, atol=0.02)
     cosine = torch.nn.functional.cosine_similarity(results[True][2].flatten(), results[False][2].flatten(), dim=0)
     assert cosine > 0.99
+
+
+def filled_unroll_buffers(algo, num_buffers: int = 5):
+    """unroll_buffers of Pong-like sizes, shrunk (frames of 4 x 7 x 7 bytes: spans that end off any 64-byte
+    boundary), filled with random values."""
+    args = algo.Args(num_envs=3, unroll_length=4)
+    spec = SimpleNamespace(observation_space=SimpleNamespace(shape=(4, 7, 7)), action_space=SimpleNamespace(n=6))
+    buffers = algo.unroll_buffers(args, spec, num_buffers, state_width=5)
+    generator = torch.Generator().manual_seed(0)
+    for buffer in buffers.values():
+        if buffer.is_floating_point():
+            buffer.copy_(torch.randn(buffer.shape, generator=generator))
+        else:
+            buffer.copy_(torch.randint(0, 200, buffer.shape, generator=generator))
+    return buffers
+
+
+@pytest.mark.parametrize("algo", BOTH, ids=["impala", "seed"])
+def test_take_batch_gives_each_unroll_as_indexing_the_buffers_does(algo):
+    """take_batch packs the learner's tensors into one buffer for one host-to-device copy: each comes out as
+    buffer[index] laid out [T, K*N], the bookkeeping too; the buffers go back to the free queue."""
+    buffers = filled_unroll_buffers(algo)
+    free_q = queue.Queue()
+    indices = [3, 0, 4]
+    batch, returns, versions, finished = algo.take_batch(buffers, indices, free_q, "cpu")
+    index = torch.tensor(indices)
+    for key in algo.LEARNER_KEYS:
+        assert batch[key].dtype == buffers[key].dtype
+        torch.testing.assert_close(batch[key], buffers[key][index].transpose(0, 1).flatten(1, 2), rtol=0, atol=0)
+    torch.testing.assert_close(returns, buffers["returns"][index].transpose(0, 1).flatten(1, 2), rtol=0, atol=0)
+    assert versions.tolist() == buffers["meta"][index][:, 0].tolist()
+    assert len(finished) == buffers["ep_return"][index].numel() and list(free_q.queue) == indices
 
 
 # stands in for torch.compile in the child process: it records what was compiled and how often it was called
