@@ -429,7 +429,7 @@ class PrioritizedReplay:
         indices = np.minimum(self.tree.find(np.minimum(values, np.nextafter(total, 0))), self.size - 1)
         weights = (self.tree.sum[indices + self.tree.size] / self.tree.min[1]) ** (-beta)
         rows = torch.from_numpy(indices)
-        batch = {key: value[rows].to(self.device, non_blocking=True) for key, value in self.data.items()}
+        batch = gather_to_device(self.data, rows, self.device)
         return indices, batch, torch.as_tensor(weights, dtype=torch.float32, device=self.device)
 
     def update_priorities(self, indices: np.ndarray, abs_td: torch.Tensor) -> None:
@@ -970,7 +970,8 @@ def main(args: Args) -> int:
     q_net = make_network(args, spec).to(run.device)
     target_net = make_network(args, spec).to(run.device)
     flat = flatten_parameters(q_net)
-    optimizer = torch.optim.Adam([flat], lr=args.learning_rate, eps=args.adam_eps)
+    # on CUDA fused: Adam's elementwise operations in one kernel
+    optimizer = torch.optim.Adam([flat], lr=args.learning_rate, eps=args.adam_eps, fused=flat.is_cuda)
     # fresh progress, or a checkpoint's with --resume (the networks and the optimizer state loaded in place); every
     # rank then takes rank 0's actor count, run segment and first round (each actor's index, seeds and epsilon_i)
     progress = run.restore(q_net, target_net, optimizer)
@@ -1685,6 +1686,15 @@ def run_config(args: RunArgs) -> dict:
     return config
 
 
+def load_optimizer(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """A checkpoint's optimizer state under this run's implementation of Adam (fused on CUDA), not the one that
+    wrote it: a run resumed on another device keeps its device's, and Adam's step counter goes where that needs."""
+    for saved, group in zip(state["param_groups"], optimizer.param_groups, strict=True):
+        if "fused" in group:
+            saved["fused"] = group["fused"]
+    optimizer.load_state_dict(state)
+
+
 def restore(args: RunArgs, model, optimizer, device, checkpoint_path: str, target_net) -> dict:
     """A fresh progress dict, or with --resume and a checkpoint, the checkpoint's, with the model,
     the target network and the optimizer loaded in place; a resumed run is the next run segment.
@@ -1697,7 +1707,7 @@ def restore(args: RunArgs, model, optimizer, device, checkpoint_path: str, targe
     try:
         model.load_state_dict(checkpoint.pop("model"))
         target_net.load_state_dict(checkpoint.pop("target"))
-        optimizer.load_state_dict(checkpoint.pop("optimizer"))
+        load_optimizer(optimizer, checkpoint.pop("optimizer"))
     except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as error:
         refuse_checkpoint(checkpoint_path, error)
     recent_returns = checkpoint.pop("recent_returns")
@@ -1937,6 +1947,27 @@ def release_freed_memory() -> None:
     libc = ctypes.CDLL(None)
     if hasattr(libc, "gnu_get_libc_version"):
         libc.malloc_trim(0)
+
+
+def gather_to_device(buffers: dict, index: torch.Tensor, device) -> dict:
+    """buffer[index] of each buffer, on `device`, in one host-to-device copy: gathered into one byte buffer
+    (pinned where the device is CUDA, so that the copy runs asynchronously), moved, and viewed again as the
+    gathered tensors. Each tensor starts on a 64-byte boundary."""
+    device = torch.device(device)
+    shapes, spans = {}, {}
+    size = 0
+    for key, buffer in buffers.items():
+        shapes[key] = (len(index), *buffer.shape[1:])
+        # the next 64-byte boundary
+        start = -(-size // 64) * 64
+        size = start + math.prod(shapes[key]) * buffer.element_size()
+        spans[key] = (start, size)
+    staging = torch.empty(size, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    for key, (start, end) in spans.items():
+        gathered = staging[start:end].view(buffers[key].dtype).view(shapes[key])
+        torch.index_select(buffers[key], 0, index, out=gathered)
+    moved = staging.to(device, non_blocking=True)
+    return {key: moved[start:end].view(buffers[key].dtype).view(shapes[key]) for key, (start, end) in spans.items()}
 
 
 def agree_on_actors(args: RunArgs, segment: int, start_round: int) -> None:

@@ -418,8 +418,8 @@ def flatten_parameters(agent: nn.Module) -> torch.Tensor:
 
 
 def make_optimizer(args: Args, flat: torch.Tensor) -> torch.optim.Optimizer:
-    """RMSProp (the paper's, momentum 0) or Adam, on the flat parameter vector. On CUDA, Adam is fused: one
-    kernel per step, its step counter on the device, so the step reads nothing back to the host."""
+    """RMSProp (the paper's, momentum 0) or Adam, on the flat parameter vector. On CUDA, Adam is fused: its
+    elementwise operations in one kernel."""
     if args.optimizer == "rmsprop":
         return torch.optim.RMSprop([flat], lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
     return torch.optim.Adam([flat], lr=args.learning_rate, eps=args.adam_eps, fused=flat.is_cuda)
@@ -704,27 +704,6 @@ def next_batch(args: Args, full_q, actors: list, inference, control: dict) -> li
 LEARNER_KEYS = ["obs", "actions", "logits", "state", "rewards", "terms", "dones", "valid"]
 
 
-def gather_to_device(buffers: dict, index: torch.Tensor, device) -> dict:
-    """buffer[index] of each buffer, on `device`, in one host-to-device copy: gathered into one byte buffer
-    (pinned where the device is CUDA, so that the copy runs asynchronously), moved, and viewed again as the
-    gathered tensors. Each tensor starts on a 64-byte boundary."""
-    device = torch.device(device)
-    shapes, spans = {}, {}
-    size = 0
-    for key, buffer in buffers.items():
-        shapes[key] = (len(index), *buffer.shape[1:])
-        # the next 64-byte boundary
-        start = -(-size // 64) * 64
-        size = start + math.prod(shapes[key]) * buffer.element_size()
-        spans[key] = (start, size)
-    staging = torch.empty(size, dtype=torch.uint8, pin_memory=device.type == "cuda")
-    for key, (start, end) in spans.items():
-        gathered = staging[start:end].view(buffers[key].dtype).view(shapes[key])
-        torch.index_select(buffers[key], 0, index, out=gathered)
-    moved = staging.to(device, non_blocking=True)
-    return {key: moved[start:end].view(buffers[key].dtype).view(shapes[key]) for key, (start, end) in spans.items()}
-
-
 def take_batch(buffers: dict, indices: list, free_q, device):
     """Copy the unrolls out and hand their buffers straight back to the inference thread. The learner's part
     goes to the device in one copy and is laid out there ([K, T, N] -> [T, K*N]). Returns the batch (on the
@@ -732,9 +711,9 @@ def take_batch(buffers: dict, indices: list, free_q, device):
     the unrolls, and the (return, length) of the episodes that ended in them."""
     index = torch.tensor(indices)
     unrolls = gather_to_device({key: buffers[key] for key in LEARNER_KEYS}, index, device)
-    returns, episode_return, episode_length = (
-        buffers[key][index].transpose(0, 1).flatten(1, 2) for key in ["returns", "ep_return", "ep_length"]
-    )
+    returns = buffers["returns"][index].transpose(0, 1).flatten(1, 2)
+    episode_return = buffers["ep_return"][index].transpose(0, 1).flatten(1, 2)
+    episode_length = buffers["ep_length"][index].transpose(0, 1).flatten(1, 2)
     versions = buffers["meta"][index][:, 0]
     for k in indices:
         free_q.put(k)
@@ -744,9 +723,7 @@ def take_batch(buffers: dict, indices: list, free_q, device):
     return batch, returns, versions, finished
 
 
-def learner_step(
-    args: Args, agent: Agent, optimizer, flat: torch.Tensor, batch: dict, returns, loss_function=impala_loss
-):
+def learner_step(args: Args, agent: Agent, optimizer, flat, batch, returns, loss_function=impala_loss):
     """One update up to the optimizer's step: rewards scaled by the statistics before this batch, the
     V-trace loss and its gradient, then this batch's discounted returns merged into the reward scaler;
     the clip. The optimizer's step comes next, in step_and_publish. `loss_function` is impala_loss, compiled
@@ -1356,11 +1333,20 @@ def refuse_checkpoint(checkpoint_path: str, error: Exception) -> None:
 
 def run_config(args: RunArgs) -> dict:
     """The flags that define the run, which a resumed run must share with its checkpoint: the algorithm's
-    (`Args`) but the budget, which may grow, and how the work is spread over actors, buffers and inference
-    batches; none of `Infra`'s (how the run is kept alive, watched or saved). Values derived from the flags
-    (init=False) follow from them."""
-    may_change = {"total_timesteps", "num_actors", "num_buffers", "inference_timeout_ms"}
+    (`Args`) but the budget, which may grow, how the work is spread over actors, buffers and inference
+    batches, and whether the loss is compiled; none of `Infra`'s (how the run is kept alive, watched or saved).
+    Values derived from the flags (init=False) follow from them."""
+    may_change = {"total_timesteps", "num_actors", "num_buffers", "inference_timeout_ms", "compile"}
     return {flag.name: getattr(args, flag.name) for flag in fields(Args) if flag.init and flag.name not in may_change}
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """A checkpoint's optimizer state under this run's implementation of Adam (fused on CUDA), not the one that
+    wrote it: a run resumed on another device keeps its device's, and Adam's step counter goes where that needs."""
+    for saved, group in zip(state["param_groups"], optimizer.param_groups, strict=True):
+        if "fused" in group:
+            saved["fused"] = group["fused"]
+    optimizer.load_state_dict(state)
 
 
 def restore(args: RunArgs, model, optimizer, device, checkpoint_path: str) -> dict:
@@ -1373,7 +1359,7 @@ def restore(args: RunArgs, model, optimizer, device, checkpoint_path: str) -> di
     checkpoint = read_checkpoint(checkpoint_path, progress)
     try:
         model.load_state_dict(checkpoint.pop("model"))
-        optimizer.load_state_dict(checkpoint.pop("optimizer"))
+        load_optimizer(optimizer, checkpoint.pop("optimizer"))
     except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as error:
         refuse_checkpoint(checkpoint_path, error)
     recent_returns = checkpoint.pop("recent_returns")
@@ -1567,6 +1553,27 @@ def keep_freed_memory() -> None:
     libc.mallopt(M_MMAP_MAX, 0)
     # -1: never trim
     libc.mallopt(M_TRIM_THRESHOLD, -1)
+
+
+def gather_to_device(buffers: dict, index: torch.Tensor, device) -> dict:
+    """buffer[index] of each buffer, on `device`, in one host-to-device copy: gathered into one byte buffer
+    (pinned where the device is CUDA, so that the copy runs asynchronously), moved, and viewed again as the
+    gathered tensors. Each tensor starts on a 64-byte boundary."""
+    device = torch.device(device)
+    shapes, spans = {}, {}
+    size = 0
+    for key, buffer in buffers.items():
+        shapes[key] = (len(index), *buffer.shape[1:])
+        # the next 64-byte boundary
+        start = -(-size // 64) * 64
+        size = start + math.prod(shapes[key]) * buffer.element_size()
+        spans[key] = (start, size)
+    staging = torch.empty(size, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    for key, (start, end) in spans.items():
+        gathered = staging[start:end].view(buffers[key].dtype).view(shapes[key])
+        torch.index_select(buffers[key], 0, index, out=gathered)
+    moved = staging.to(device, non_blocking=True)
+    return {key: moved[start:end].view(buffers[key].dtype).view(shapes[key]) for key, (start, end) in spans.items()}
 
 
 def stop_remote_actors(args: RunArgs, slots: dict, pipes: list, bridges: list, control: dict) -> None:

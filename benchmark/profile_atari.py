@@ -215,15 +215,16 @@ def case_impala(name: str, module, compiled: bool = False) -> dict:
             args.gamma,
         )
 
-    loss_function = torch.compile(module.impala_loss) if compiled else module.impala_loss
+    # the compiled loss as the files' --compile hands it over (revisions before the flag take no such argument)
+    compiled_loss = (torch.compile(module.impala_loss),) if compiled else ()
 
     def update():
         b, r = take()
         if name == "impala":
-            module.learner_step(args, agent, optimizer, flat, b, r, lambda: torch.zeros(2), loss_function)
+            module.learner_step(args, agent, optimizer, flat, b, r, lambda: torch.zeros(2), *compiled_loss)
         else:
             # SEED: the step is the training thread's next call (step_and_publish), under the inference lock
-            module.learner_step(args, agent, optimizer, flat, b, r, loss_function)
+            module.learner_step(args, agent, optimizer, flat, b, r, *compiled_loss)
             optimizer.step()
 
     inference_batch = args.num_envs * (len(os.sched_getaffinity(0)) if name == "seed" else 1)

@@ -213,6 +213,9 @@ def test_importance_weights_match_reference():
     w_all = (50 * P) ** -0.5
     idx, batch, w = replay.sample(32, 0.5, np.random.default_rng(0))
     np.testing.assert_allclose(w.numpy(), w_all[idx] / w_all.max(), rtol=1e-5)
+    # the batch, gathered into one buffer for one host-to-device copy, holds the sampled rows as they are stored
+    for key, value in replay.data.items():
+        assert batch[key].dtype == value.dtype and torch.equal(batch[key], value[torch.from_numpy(idx)])
     assert torch.equal(batch["returns"], torch.as_tensor(idx, dtype=torch.float32))  # the rows of the sampled leaves
     cdf = np.concatenate([[0], np.cumsum(P)])
     slice_of = np.floor(cdf[idx] * 32 + 1e-9)  # the slice each drawn leaf starts in is at most its own slice

@@ -2,6 +2,7 @@
 dtypes, no data) under a dispatch mode that applies CUDA's placement rules: a tensor created on the CPU in the middle
 of work on the device fails here as it would on a GPU, instead of only on the first GPU run."""
 
+import copy
 from types import SimpleNamespace
 
 import numpy as np
@@ -255,6 +256,28 @@ def test_take_batch_moves_the_batch_in_one_copy(on_device, module):
     assert batch["actions"].shape == (4, 6) and batch["actions"].dtype == torch.long
 
 
+@pytest.mark.parametrize("module", [ddppo, impala, seed, apex, r2d2], ids=["ddppo", "impala", "seed", "apex", "r2d2"])
+def test_a_resumed_optimizer_keeps_the_adam_of_its_device(module):
+    """load_optimizer: the state of an unfused Adam (a CPU run's checkpoint) loads into a fused one (a CUDA run) as
+    fused, and the other way round, and the loaded optimizer steps on from the saved counter. Fused Adam also runs
+    on the CPU, which stands in for CUDA here."""
+    for written, loading in [(False, True), (True, False)]:
+        flat = torch.zeros(4)
+        flat.grad = torch.ones(4)
+        writer = torch.optim.Adam([flat], lr=1e-3, fused=written)
+        writer.step()
+        state = copy.deepcopy(writer.state_dict())
+        resumed = torch.zeros(4)
+        resumed.grad = torch.ones(4)
+        reader = torch.optim.Adam([resumed], lr=1e-3, fused=loading)
+        module.load_optimizer(reader, state)
+        assert reader.param_groups[0]["fused"] is loading
+        reader.step()
+        assert reader.state[resumed]["step"].item() == 2
+    rmsprop = torch.optim.RMSprop([flat])  # no implementation to keep (IMPALA's and SEED's --optimizer rmsprop)
+    module.load_optimizer(rmsprop, copy.deepcopy(rmsprop.state_dict()))
+
+
 # ------------------------------------------------------------------------------------------ Ape-X learner
 def replay_learner_step(module, args, q_net, target_net, replay, *extra) -> None:
     """main's learner step of an Ape-X-family file (sample, loss, backward, clip, torch's Adam on the flat parameter
@@ -270,8 +293,8 @@ def replay_learner_step(module, args, q_net, target_net, replay, *extra) -> None
 
 @pytest.mark.parametrize("obs_shape", [(4,), (4, 84, 84)])
 def test_apex_learner_on_device(on_device, obs_shape):
-    """The replay stays on the CPU; each sampled batch and its importance weights must arrive on the device, and
-    the loss, optimizer and priority update must run from there."""
+    """The replay stays on the CPU; each sampled batch (in one copy) and its importance weights must arrive on the
+    device, and the loss, optimizer and priority update must run from there."""
     dtype = torch.float32 if len(obs_shape) == 1 else torch.uint8
     replay = apex.PrioritizedReplay(
         64,
@@ -297,8 +320,10 @@ def test_apex_learner_on_device(on_device, obs_shape):
         torch.rand(40),
     )
     q_net, target_net = apex.QNetwork(obs_shape, 6).to(META), apex.QNetwork(obs_shape, 6).to(META)
-    idx, batch, weights = replay.sample(8, 0.5, np.random.default_rng(0))
+    with Transfers() as transfers:
+        idx, batch, weights = replay.sample(8, 0.5, np.random.default_rng(0))
     assert weights.device == META and all(v.device == META for v in batch.values())
+    assert transfers.count == 2  # the batch in one copy; the importance weights
     args = apex.RunArgs(batch_size=8, target_network_frequency=1)
     replay_learner_step(apex, args, q_net, target_net, replay)
     if len(obs_shape) == 1:
@@ -326,8 +351,10 @@ def test_r2d2_learner_on_device(on_device, obs_shape):
     replay.add({k: buffers[k][0] for k in r2d2.SEQUENCE_KEYS}, torch.rand(4))
     q_net = r2d2.QNetwork(obs_shape, 6, hidden=args.hidden_size).to(META)
     target_net = r2d2.QNetwork(obs_shape, 6, hidden=args.hidden_size).to(META)
-    idx, batch, weights = replay.sample(3, 0.0, np.random.default_rng(0))
+    with Transfers() as transfers:
+        idx, batch, weights = replay.sample(3, 0.0, np.random.default_rng(0))
     assert weights.device == META and all(v.device == META for v in batch.values())
+    assert transfers.count == 2  # the batch in one copy; the importance weights
     rescaling = r2d2.rescaling_eps(args, r2d2.envpool.make_spec(args.env_id))
     replay_learner_step(r2d2, args, q_net, target_net, replay, rescaling)
     if len(obs_shape) == 1:

@@ -227,7 +227,45 @@ def test_take_batch_gives_each_unroll_as_indexing_the_buffers_does(algo):
         torch.testing.assert_close(batch[key], buffers[key][index].transpose(0, 1).flatten(1, 2), rtol=0, atol=0)
     torch.testing.assert_close(returns, buffers["returns"][index].transpose(0, 1).flatten(1, 2), rtol=0, atol=0)
     assert versions.tolist() == buffers["meta"][index][:, 0].tolist()
-    assert len(finished) == buffers["ep_return"][index].numel() and list(free_q.queue) == indices
+    episodes = [buffers[key][index].transpose(0, 1).flatten().tolist() for key in ["ep_return", "ep_length"]]
+    assert finished == list(zip(*episodes, strict=True)) and list(free_q.queue) == indices
+
+
+@pytest.mark.parametrize("algo", BOTH, ids=["impala", "seed"])
+@pytest.mark.parametrize("use_lstm", [False, True])
+def test_compiled_loss_equals_the_eager_loss(algo, use_lstm):
+    """--compile's loss, traced by torch.compile (the aot_eager backend: the same graph and autograd, run by eager
+    kernels, so the test builds no C++), gives the eager loss and gradient, and a second batch needs no
+    recompilation."""
+    torch.manual_seed(0)
+    agent = algo.Agent((4,), 2, use_lstm=use_lstm)
+    flat = algo.flatten_parameters(agent)
+    args = algo.Args()
+    torch._dynamo.reset()
+    compiled = torch.compile(algo.impala_loss, backend="aot_eager", fullgraph=True)
+    for seed in (1, 2):
+        blp, _, rewards, _, _, terms, dones, valid = (torch.tensor(x, dtype=torch.float32) for x in random_unroll(seed))
+        T, B = rewards.shape
+        batch = {
+            "obs": torch.randn(T + 1, B, 4),
+            "actions": torch.randint(0, 2, (T, B)),
+            "logits": torch.stack([blp, torch.zeros(T, B)], -1),
+            "state": torch.randn_like(agent.initial_state(B)),
+            "rewards": rewards,
+            "terms": terms,
+            "dones": dones,
+            "valid": valid,
+        }
+        results = []
+        # the second batch must reuse the first one's graph
+        with torch._dynamo.config.patch(error_on_recompile=seed > 1):
+            for loss_function in (algo.impala_loss, compiled):
+                flat.grad.zero_()
+                loss, losses = loss_function(agent, batch, args)
+                loss.backward()
+                results.append((loss.detach(), losses.detach(), flat.grad.clone()))
+        for eager, traced in zip(*results, strict=True):
+            torch.testing.assert_close(traced, eager)
 
 
 # stands in for torch.compile in the child process: it records what was compiled and how often it was called
