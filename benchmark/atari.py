@@ -119,6 +119,13 @@ ENTRIES["impala_6m"] += ["--total-timesteps", "6000000", "--checkpoint-every", "
 ENTRIES["seed_6m"] = [PY, str(ROOT / "algos/seed.py"), "--seed", "{seed}", "--preset", "atari", "--bf16"]
 ENTRIES["seed_6m"] += ["--total-timesteps", "6000000", "--checkpoint-every", "300", *OURS]
 
+# IMPALA's candidate for seed 1's plateau: the entropy cost of DeepMind's scalable_agent (0.00025) rather than
+# monobeast's 0.0006, the rest as the preset (10M steps, one learner thread, fp32). On the plateau the policy kept
+# 1.0-1.1 nats of ln 6 = 1.79 (impala_6m_1 from 4M to 6M steps, rising as the rate fell); impala_2 passed 18 as its
+# entropy fell to about 0.65 (8M). SEED's seed 1 passed 18 at about 1.2 nats, so the cost is a candidate, not a cause
+ENTRIES["impala_ent25"] = [PY, str(ROOT / "algos/impala.py"), "--seed", "{seed}", "--preset", "atari"]
+ENTRIES["impala_ent25"] += ["--ent-coef", "0.00025", "--checkpoint-every", "300", *OURS]
+
 
 def make_peer_venv() -> None:
     """The peer's own virtualenv (old gym, an envpool that still speaks it), never the project's."""
