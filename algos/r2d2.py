@@ -310,6 +310,30 @@ def rescaling_eps(args: Args, spec) -> Optional[float]:
 INPUT_KEYS = ("obs", "prev_action", "prev_reward", "obs_valid")
 
 
+def frames_once(obs: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Sequences of stacked frames [N, L, C, H, W] (x_t: C frames, the newest last) stored with each frame once,
+    [N, L + C - 1, H, W]: frame t + C - 1 is x_t's newest, and the first valid x_k is written whole at k..k + C - 1.
+    Within an episode x_t's older frames are x_t-1's newer ones, so `restack` gives back every valid x_t (padding
+    before x_k reads other frames, and is never valid). Vectors [N, L, D] are kept as they are."""
+    if obs.ndim != 5:
+        return obs
+    N, L, C = obs.shape[:3]
+    frames = np.zeros((N, L + C - 1) + obs.shape[3:], dtype=obs.dtype)
+    frames[:, C - 1 :] = obs[:, :, -1]
+    first = valid.argmax(1)
+    rows = np.arange(N)[:, None]
+    frames[rows, first[:, None] + np.arange(C - 1)] = obs[rows[:, 0], first, : C - 1]
+    return frames
+
+
+def restack(obs: torch.Tensor, length: int) -> torch.Tensor:
+    """x_0..x_length-1 of sequences stored by frames_once: frames [B, length + C - 1, H, W] as [B, length, C, H, W],
+    x_t = frames t..t + C - 1 (a view, no copy); vectors as they are."""
+    if obs.dim() != 4:
+        return obs
+    return obs.unfold(1, obs.shape[1] - length + 1, 1).permute(0, 1, 4, 2, 3)
+
+
 def r2d2_loss(q_net, target_net, batch: dict, weights, burn_in: int, eta: float, eps: Optional[float] = 1e-3):
     """Both networks start from the stored state and unroll the burn-in prefix without gradient (it
     only refreshes the state); on the sequence after it, n-step double-Q targets with value rescaling
@@ -319,6 +343,8 @@ def r2d2_loss(q_net, target_net, batch: dict, weights, burn_in: int, eta: float,
       eta max_t |delta_t| + (1 - eta) mean_t |delta_t|.
     Returns (loss, priorities)."""
     inputs = [batch[key] for key in INPUT_KEYS]
+    # images: x_0..x_P rebuilt from their frames, each stored once
+    inputs[0] = restack(inputs[0], batch["obs_valid"].shape[1])
     state = (batch["state"][:, 0], batch["state"][:, 1])
     with torch.no_grad():
         burnt = q_net(*[x[:, :burn_in] for x in inputs], state)[1] if burn_in else state
@@ -485,17 +511,19 @@ SEQUENCE_KEYS = (
 
 def block_buffers(args: Args, spec, num_buffers: int, shared: bool = True) -> dict:
     """Preallocated blocks [K, ...] of up to 2 x num_envs sequences. Per sequence of P = burn_in +
-    sequence_length steps: x_0..x_P with the action and reward before each, which are real
-    (obs_valid: 0 on padding), actions, n-step returns, discounts and bootstrap steps, the steps
-    with a loss (train), the LSTM state (h, c) before x_0; its priority, the env it came from, and
-    the return and length of the episode it ended (NaN elsewhere). meta: version, actor, sequence,
-    count, steps."""
+    sequence_length steps: x_0..x_P (images: their frames, each once) with the action and reward
+    before each, which are real (obs_valid: 0 on padding), actions, n-step returns, discounts and
+    bootstrap steps, the steps with a loss (train), the LSTM state (h, c) before x_0; its priority,
+    the env it came from, and the return and length of the episode it ended (NaN elsewhere). meta:
+    version, actor, sequence, count, steps."""
     sequences = 2 * args.num_envs
     steps = args.burn_in + args.sequence_length
     shape = obs_shape(args, spec)
     hidden = 512 if len(shape) == 3 else args.hidden_size
     dtype = torch.uint8 if len(shape) == 3 else torch.float32
-    buffers = {"obs": torch.zeros((num_buffers, sequences, steps + 1) + shape, dtype=dtype)}
+    # images [C, H, W]: x_0..x_P as their P + C frames, each stored once (frames_once)
+    stored = (steps + shape[0],) + shape[1:] if len(shape) == 3 else (steps + 1,) + shape
+    buffers = {"obs": torch.zeros((num_buffers, sequences) + stored, dtype=dtype)}
     for key in ("obs_valid", "prev_reward"):
         buffers[key] = torch.zeros((num_buffers, sequences, steps + 1))
     buffers["prev_action"] = torch.zeros((num_buffers, sequences, steps + 1), dtype=torch.long)
@@ -610,9 +638,10 @@ class SequenceBuilder:
     sequence_length steps, the last sequence_length of them with a loss; a new sequence every
     sequence_length - sequence_overlap steps, its burn-in prefix the steps before it (padding at an
     episode's start); an episode's end closes the sequence early (padding after it). A sequence
-    keeps the LSTM state before its first step, x_0..x_P (the last one only to bootstrap from) with
-    the action and reward before each (-1 and 0 at an episode's first step; padding holds 0,
-    unread), and its n-step returns, discounts and bootstrap steps, cut at its end."""
+    keeps the LSTM state before its first step, x_0..x_P (the last one only to bootstrap from;
+    images as their frames, each once: frames_once) with the action and reward before each (-1 and
+    0 at an episode's first step; padding holds 0, unread), and its n-step returns, discounts and
+    bootstrap steps, cut at its end."""
 
     def __init__(self, num_envs: int, burn_in: int, length: int, overlap: int, n: int, gamma: float, obs, hidden: int):
         self.steps = burn_in + length
@@ -679,7 +708,7 @@ class SequenceBuilder:
         G, discounts, boot = n_step_targets(rewards.T, terms.T, last.T, self.gamma, self.n)
         step = np.arange(steps)
         sequences = {
-            "obs": filling["obs"][closing],
+            "obs": frames_once(filling["obs"][closing], filling["obs_valid"][closing]),
             "obs_valid": filling["obs_valid"][closing],
             "actions": filling["actions"][closing],
             "returns": G.T,

@@ -30,6 +30,12 @@ CONFIGS = {
     "impala-deterministic": ("impala", ["--deterministic", "--num-envs", "4", "--num-actors", "2"]),
     "apex-deterministic": ("apex", ["--deterministic", "--num-actors", "2", "--total-timesteps", "12288"]),
     "r2d2-deterministic": ("r2d2", ["--deterministic", "--num-actors", "2", "--mask-velocity"]),
+    # the image path (frames, the CNN, value rescaling) at tiny sequence lengths
+    "r2d2-pong-deterministic": (
+        "r2d2",
+        ["--deterministic", "--env-id", "Pong-v5", "--num-actors", "1", "--num-envs", "2", "--burn-in", "2"]
+        + ["--sequence-length", "4", "--sequence-overlap", "2", "--batch-size", "4", "--learning-starts", "256"],
+    ),
     "a3c-one-worker": ("a3c", ["--num-workers", "1", "--total-timesteps", "20000"]),
 }
 # budgets a configuration needs beyond its own arguments (kept short: these runs only have to train a little)

@@ -323,6 +323,87 @@ def test_actor_stores_the_state_before_each_sequence_and_its_own_priorities(monk
     assert chained > 20 and ended > 20 and terminated > 0 and truncated > 0, (terminated, truncated)
 
 
+def pong_sequences(monkeypatch, burn_in: int, length: int, overlap: int, steps: int):
+    """SequenceBuilder over real Pong (2 envs, random actions, episodes truncated at 40 steps, a zero LSTM state of
+    512): the sequences it closed, the stacked observations frames_once was given for them (with their validity),
+    and the count of episode ends."""
+    given = []
+    frames_once = r2d2.frames_once
+
+    def recording(obs, valid):
+        given.append((obs.copy(), valid.copy()))
+        return frames_once(obs, valid)
+
+    monkeypatch.setattr(r2d2, "frames_once", recording)
+    envs = r2d2.make_env("Pong-v5", 2, 0, max_episode_steps=40)
+    obs, _ = envs.reset()
+    builder = r2d2.SequenceBuilder(2, burn_in, length, overlap, 3, 0.99, obs, 512)
+    rng = np.random.default_rng(0)
+    state = np.zeros((2, 2, 512), dtype=np.float32)
+    prev_done = np.zeros(2, dtype=bool)
+    closed = []
+    ends = 0
+    for _ in range(steps):
+        action = rng.integers(6, size=2)
+        next_obs, reward, term, trunc, _ = envs.step(action)
+        done = term | trunc
+        sequences = builder.add(obs, state, action, reward, term, done, next_obs, ~prev_done)
+        if sequences is not None:
+            closed.append(sequences)
+        ends += int(done.sum())
+        obs, prev_done = next_obs, done
+    envs.close()
+    return closed, given, ends
+
+
+@pytest.mark.parametrize("burn_in, length, overlap", [(3, 6, 3), (5, 4, 2)])
+def test_frames_stored_once_give_back_every_valid_observation_of_real_pong(monkeypatch, burn_in, length, overlap):
+    """On envpool's Pong, each stacked observation's three older frames are the previous one's newer three within
+    an episode: the P + 4 frames a sequence stores rebuild (restack) every valid x_t of it exactly, for sequences
+    that start at an episode's first step, mid-episode at position 0, and (burn-in longer than the period)
+    mid-episode after padding."""
+    closed, given, ends = pong_sequences(monkeypatch, burn_in, length, overlap, 150)
+    firsts = set()
+    for sequences, (obs, valid) in zip(closed, given, strict=True):
+        frames = sequences["obs"]
+        assert frames.shape == (len(obs), burn_in + length + 4, 84, 84) and frames.dtype == np.uint8
+        rebuilt = r2d2.restack(torch.from_numpy(frames), burn_in + length + 1).numpy()
+        assert rebuilt.shape == obs.shape
+        assert np.array_equal(rebuilt[valid > 0], obs[valid > 0])
+        assert obs[valid > 0].std() > 0
+        firsts.update(valid.argmax(1).tolist())
+    assert ends >= 4 and {0, burn_in} <= firsts, (ends, firsts)
+    if burn_in > length - overlap:
+        assert burn_in - (length - overlap) in firsts
+
+
+def test_the_loss_reads_frames_stored_once_as_the_whole_observations(monkeypatch):
+    """r2d2_loss on real Pong sequences gives the same loss, priorities and gradients, bit for bit, from the frames
+    stored once as from the whole stacked observations (padding, which differs, is never read)."""
+    closed, given, _ = pong_sequences(monkeypatch, 3, 6, 3, 60)
+    args = r2d2.Args(env_id="Pong-v5", burn_in=3, sequence_length=6, sequence_overlap=3)
+    dtypes = {
+        key: value.dtype
+        for key, value in r2d2.block_buffers(args, r2d2.envpool.make_spec("Pong-v5"), 1, shared=False).items()
+    }
+    batch = {
+        key: torch.as_tensor(np.concatenate([sequences[key] for sequences in closed])).to(dtypes[key])
+        for key in r2d2.SEQUENCE_KEYS
+    }
+    stacks = torch.as_tensor(np.concatenate([obs for obs, _ in given]))
+    assert batch["obs"].shape[1:] == (13, 84, 84) and stacks.shape[1:] == (10, 4, 84, 84) and len(stacks) >= 20
+    torch.manual_seed(0)
+    q_net = r2d2.QNetwork((4, 84, 84), 6)
+    target_net = r2d2.QNetwork((4, 84, 84), 6)
+    results = []
+    for obs in (batch["obs"], stacks):
+        q_net.zero_grad()
+        loss, priorities = r2d2.r2d2_loss(q_net, target_net, {**batch, "obs": obs}, torch.ones(len(obs)), 3, 0.9)
+        loss.backward()
+        results.append([loss, priorities] + [p.grad.clone() for p in q_net.parameters()])
+    assert all(torch.equal(frames, whole) for frames, whole in zip(*results, strict=True))
+
+
 def test_masked_cartpole_keeps_positions_only():
     obs = np.arange(8.0).reshape(2, 4)
     assert r2d2.observe(obs, True).tolist() == [[0.0, 2.0], [4.0, 6.0]] and r2d2.observe(obs, False) is obs
