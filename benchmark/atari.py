@@ -94,8 +94,8 @@ ENTRIES = {
     "apex": [PY, str(ROOT / "algos/apex.py"), "--seed", "{seed}", "--preset", "atari"]
     + ["--torch-threads", "2", "--checkpoint-every", "2000", *OURS],
     # R2D2's preset: the paper's burn-in 40, sequences of 80 overlapping by 40, n 5, gamma 0.997, lr 1e-4, batch
-    # 64, target copy every 2500 updates; replay 4k sequences (100k; 3.42 MB each: 13.7 GB, r2d2.md). Meant for a
-    # GPU learner; on 2 CPU cores only its throughput is measured (`throughput`)
+    # 64, target copy every 2500 updates; replay 4k sequences (100k; 0.88 MB each, frames stored once: 3.5 GB,
+    # r2d2.md). Meant for a GPU learner; on 2 CPU cores only its throughput is measured (`throughput`)
     "r2d2": [PY, str(ROOT / "algos/r2d2.py"), "--seed", "{seed}", "--preset", "atari"]
     + ["--torch-threads", "2", "--checkpoint-every", "500", *OURS],
     "cleanrl_ppo": [str(PEER_VENV / "bin" / "python"), str(PEER_FILE), "--seed", "{seed}", "--env-id", "Pong-v5"]
