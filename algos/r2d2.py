@@ -313,25 +313,28 @@ INPUT_KEYS = ("obs", "prev_action", "prev_reward", "obs_valid")
 def frames_once(obs: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """Sequences of stacked frames [N, L, C, H, W] (x_t: C frames, the newest last) stored with each frame once,
     [N, L + C - 1, H, W]: frame t + C - 1 is x_t's newest, and the first valid x_k is written whole at k..k + C - 1.
-    Within an episode x_t's older frames are x_t-1's newer ones, so `restack` gives back every valid x_t (padding
-    before x_k reads other frames, and is never valid). Vectors [N, L, D] are kept as they are."""
+    A sequence's valid steps are one run within one episode, where x_t's older frames are x_(t-1)'s newer ones, so
+    `restack` gives back every valid x_t (padding before and after the run reads other frames and is never valid).
+    Vectors [N, L, D] are kept as they are."""
     if obs.ndim != 5:
         return obs
     N, L, C = obs.shape[:3]
     frames = np.zeros((N, L + C - 1) + obs.shape[3:], dtype=obs.dtype)
     frames[:, C - 1 :] = obs[:, :, -1]
     first = valid.argmax(1)
-    rows = np.arange(N)[:, None]
-    frames[rows, first[:, None] + np.arange(C - 1)] = obs[rows[:, 0], first, : C - 1]
+    rows = np.arange(N)
+    frames[rows[:, None], first[:, None] + np.arange(C - 1)] = obs[rows, first, : C - 1]
     return frames
 
 
-def restack(obs: torch.Tensor, length: int) -> torch.Tensor:
-    """x_0..x_length-1 of sequences stored by frames_once: frames [B, length + C - 1, H, W] as [B, length, C, H, W],
-    x_t = frames t..t + C - 1 (a view, no copy); vectors as they are."""
+def restack(obs: torch.Tensor, num_obs: int) -> torch.Tensor:
+    """x_0..x_(num_obs-1) of sequences stored by frames_once: frames [B, num_obs + C - 1, H, W] as
+    [B, num_obs, C, H, W], x_t = frames t..t + C - 1 (a view, no copy). Anything else (vectors [B, num_obs, D],
+    whole stacks) is returned as it is."""
     if obs.dim() != 4:
         return obs
-    return obs.unfold(1, obs.shape[1] - length + 1, 1).permute(0, 1, 4, 2, 3)
+    # C frames per observation
+    return obs.unfold(1, obs.shape[1] - num_obs + 1, 1).permute(0, 1, 4, 2, 3)
 
 
 def r2d2_loss(q_net, target_net, batch: dict, weights, burn_in: int, eta: float, eps: Optional[float] = 1e-3):
@@ -341,10 +344,11 @@ def r2d2_loss(q_net, target_net, batch: dict, weights, burn_in: int, eta: float,
     (eps None: no h); delta_t = y_t - Q(x_t, a_t); the loss is the weighted mean over sequences of the
     mean over valid steps of delta_t^2 / 2; a sequence's priority is
       eta max_t |delta_t| + (1 - eta) mean_t |delta_t|.
+    batch["obs"] holds x_0..x_P, or for images their frames, each stored once (frames_once).
     Returns (loss, priorities)."""
-    inputs = [batch[key] for key in INPUT_KEYS]
-    # images: x_0..x_P rebuilt from their frames, each stored once
-    inputs[0] = restack(inputs[0], batch["obs_valid"].shape[1])
+    # images: x_0..x_P rebuilt from their frames (restack), then the action and reward before each, valid
+    obs = restack(batch["obs"], batch["obs_valid"].shape[1])
+    inputs = [obs] + [batch[key] for key in INPUT_KEYS[1:]]
     state = (batch["state"][:, 0], batch["state"][:, 1])
     with torch.no_grad():
         burnt = q_net(*[x[:, :burn_in] for x in inputs], state)[1] if burn_in else state
