@@ -1,9 +1,10 @@
 """benchmark/: the runner (run.py: commands, a suite run here, its tables), and atari.py's figures, read back from
-TensorBoard events written here with known values, the rule that stops the peer, and the start-up forked workers
-report."""
+TensorBoard events written here with known values, the rule that stops the peer, the start-up forked workers
+report, and grad_norms.py's batches in the learner's layout."""
 
 import csv
 import json
+import queue
 import re
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from torch.utils.tensorboard import SummaryWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
@@ -433,3 +435,29 @@ def test_a_peers_summary_has_the_keys_run_py_reads_with_start_up_apart_from_trai
     # this test's process started before train_start
     assert 0 < summary["startup_s"] < summary["wall_time_s"]
     assert run.aggregate({"peer": [summary]})["peer"]["time_to_threshold_median_s"] == 4.0
+
+
+def test_grad_norms_collects_batches_in_the_learners_layout_and_reports_their_norms():
+    """grad_norms.py's batches are what impala.py's learner takes (keys, shapes, dtypes of take_batch on one unroll),
+    and its shares of clipped batches follow from the norms it reports."""
+    import grad_norms
+
+    module = grad_norms.load_impala()
+    args = module.Args(**module.PRESETS["atari"])
+    spec = module.envpool.make_spec(args.env_id)
+    buffers = module.unroll_buffers(args, spec, 1, 0)
+    expected, _, _, _ = module.take_batch(buffers, [0], queue.Queue(), "cpu")
+    envs = module.make_env(args.env_id, args.num_envs, 1)
+    agent = module.Agent(spec.observation_space.shape, spec.action_space.n)
+    carry = {"obs": torch.as_tensor(envs.reset()[0]), "valid": torch.ones(args.num_envs)}
+    batch = grad_norms.collect(module, args, agent, envs, carry)
+    envs.close()
+    assert sorted(batch) == sorted(expected)
+    for key in expected:
+        assert batch[key].shape == expected[key].shape, key
+        assert batch[key].dtype == expected[key].dtype, key
+    row = grad_norms.norms_of(module, "fresh", 2, 1)
+    assert len(row["norms"]) == 2 and all(norm > 0 for norm in row["norms"])
+    for clip, share in row["share_clipped"].items():
+        assert share == sum(norm > float(clip) for norm in row["norms"]) / 2
+    assert row["norm_p10_p50_p90_max"][-1] == pytest.approx(max(row["norms"]), abs=1e-3)
