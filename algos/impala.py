@@ -109,7 +109,7 @@ PRESETS = {
         batch_size=8,
         learning_rate=3e-4,
         gamma=0.99,
-        ent_coef=0.0006,
+        ent_coef=0.00025,
         max_grad_norm=40.0,
     ),
 }

@@ -26,6 +26,7 @@ curves against frames and against training hours into docs/img/pong_<entry>.png.
   python benchmark/atari.py throughput --entries a3c apex r2d2 --minutes 5   # -> atari_throughput.json
   python benchmark/atari.py clip --entry impala --seed 1 --start 20   # -> docs/img/pong_impala.gif
   python benchmark/atari.py clip --entry impala --seed 2 --start 20   # -> docs/img/pong_impala_seed2.gif
+  python benchmark/atari.py clip --entry impala_ent25 --seed 2 --start 20   # -> docs/img/pong_impala_ent25_seed2.gif
   python benchmark/atari.py clip --entry seed --seed 1 --machine h100 --start 20   # -> docs/img/pong_seed_h100.gif
 
 `throughput` runs each entry's command alone for a few minutes in a scratch directory and records its steps/s
@@ -67,13 +68,14 @@ PEER_LINE = re.compile(r"global_step=(\d+), episodic_return=(-?[\d.]+)")
 OURS = ["--exp-name", "bench", "--resume", "--capture-video"]
 
 # entry -> command for one seed ("{seed}" filled in): each file's `--preset atari` (its PRESETS), plus how often it
-# checkpoints (about every 5 minutes of this machine) and its threads. IMPALA's and SEED's presets: entropy cost
-# 0.0006 as monobeast (DeepMind's scalable_agent: 0.00025); with 0.01 the policy stayed uniform (entropy 1.785 of
-# ln 6 = 1.792) over the first 1.85M steps here (raw/atari/impala_1.ent0.01). Batch 8 unrolls (160 steps) rather
-# than the paper's 32: on 2 cores the learner is the bottleneck and a batch of 32 gives one update per 640 steps;
-# it was still at -19.9 after 3.4M steps (raw/atari/impala_1.b32)
+# checkpoints (about every 5 minutes of this machine) and its threads. The `impala`, `impala_6m` and SEED entries:
+# entropy cost 0.0006 as monobeast (IMPALA's preset now holds DeepMind's scalable_agent's 0.00025, the
+# `impala_ent25` runs); with 0.01 the policy stayed uniform (entropy 1.785 of ln 6 = 1.792) over the first 1.85M
+# steps here (raw/atari/impala_1.ent0.01). Batch 8 unrolls (160 steps) rather than the paper's 32: on 2 cores the
+# learner is the bottleneck and a batch of 32 gives one update per 640 steps; it was still at -19.9 after 3.4M
+# steps (raw/atari/impala_1.b32)
 ENTRIES = {
-    "impala": [PY, str(ROOT / "algos/impala.py"), "--seed", "{seed}", "--preset", "atari"]
+    "impala": [PY, str(ROOT / "algos/impala.py"), "--seed", "{seed}", "--preset", "atari", "--ent-coef", "0.0006"]
     + ["--torch-threads", "2", "--checkpoint-every", "300", *OURS],
     "seed": [PY, str(ROOT / "algos/seed.py"), "--seed", "{seed}", "--preset", "atari"]
     + ["--torch-threads", "2", "--checkpoint-every", "300", *OURS],
@@ -110,8 +112,9 @@ ENTRIES["ddppo_4m"] = ENTRIES["ddppo"] + ["--total-timesteps", "4000000"]
 # actors on 2 cores, 2 spinning OpenMP threads cost 27% of the steps/s), its network under bf16 autocast (5% more on
 # a CPU with bf16 units), and the learning rate annealed over 6M steps rather than 10M (the IMPALA and SEED runs rose
 # to about +5-12 by 4M and then held a plateau; two passed 18 at 7.3M and 7.8M, once the rate had fallen to about a
-# quarter, and IMPALA's seed 1 stayed near 10): impala_pong_threads.json
+# quarter, and `impala` seed 1 stayed near 10): impala_pong_threads.json
 ENTRIES["impala_6m"] = [PY, str(ROOT / "algos/impala.py"), "--seed", "{seed}", "--preset", "atari", "--bf16"]
+ENTRIES["impala_6m"] += ["--ent-coef", "0.0006"]
 ENTRIES["impala_6m"] += ["--total-timesteps", "6000000", "--checkpoint-every", "300", *OURS]
 # SEED's candidate, the same values: one learner thread (its inference and training threads each take one; 896
 # steps/s against 880 with 2 threads) and bf16 autocast (1,013): seed_pong_threads.json. IMPALA's seed 1 did not
@@ -119,10 +122,11 @@ ENTRIES["impala_6m"] += ["--total-timesteps", "6000000", "--checkpoint-every", "
 ENTRIES["seed_6m"] = [PY, str(ROOT / "algos/seed.py"), "--seed", "{seed}", "--preset", "atari", "--bf16"]
 ENTRIES["seed_6m"] += ["--total-timesteps", "6000000", "--checkpoint-every", "300", *OURS]
 
-# IMPALA's candidate for seed 1's plateau: the entropy cost of DeepMind's scalable_agent (0.00025) rather than
-# monobeast's 0.0006, the rest as the preset (10M steps, one learner thread, fp32). On the plateau the policy kept
-# 1.0-1.1 nats of ln 6 = 1.79 (impala_6m_1 from 4M to 6M steps, rising as the rate fell); impala_2 passed 18 as its
-# entropy fell to about 0.65 (8M). SEED's seed 1 passed 18 at about 1.2 nats, so the cost is a candidate, not a cause
+# IMPALA's preset since both its seeds reached 18 (a candidate for seed 1's plateau until then): the entropy cost of
+# DeepMind's scalable_agent (0.00025) rather than monobeast's 0.0006, the rest as before (10M steps, one learner
+# thread, fp32). On the plateau the policy kept 1.0-1.1 nats of ln 6 = 1.79 (impala_6m_1 from 4M to 6M steps,
+# rising as the rate fell); impala_2 passed 18 as its entropy fell to about 0.65 (8M). SEED's seed 1 passed 18 at
+# about 1.2 nats, so entropy is no sure cause of the plateau
 ENTRIES["impala_ent25"] = [PY, str(ROOT / "algos/impala.py"), "--seed", "{seed}", "--preset", "atari"]
 ENTRIES["impala_ent25"] += ["--ent-coef", "0.00025", "--checkpoint-every", "300", *OURS]
 
