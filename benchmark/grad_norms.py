@@ -3,9 +3,9 @@ loss (impala_loss, a mean over the batch's valid steps) on batches of the preset
 collected on-policy by the weights of a checkpoint, or by fresh weights. Beside the norms: the share of batches
 that each clip (`--max-grad-norm`) would scale down.
 
-The paper, scalable_agent, monobeast and Cleanba clip at 40 a loss summed over the batch, 640 steps in the paper's
-32 unrolls of 20. On a mean over N steps that clip is 40 / N per step: 0.0625 at 640 steps, 0.25 at the preset's 160.
-The preset's `--max-grad-norm 40` acts on the mean.
+The paper, monobeast and Cleanba clip at 40 a loss summed over the batch (scalable_agent does not clip), 640 steps
+in the paper's 32 unrolls of 20. On a mean over N steps that clip is 40 / N per step: 0.0625 at 640 steps, 0.25 at
+the preset's 160. The preset's `--max-grad-norm 40` acts on the mean.
 
   python benchmark/grad_norms.py --checkpoints RUN/checkpoint.pt ... --batches 50 --out benchmark/results/X.json
   (the word `fresh` in --checkpoints: freshly initialised weights, the start of a run)
