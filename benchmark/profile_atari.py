@@ -15,9 +15,9 @@ The reference is the Nature CNN with a linear head: forward, backward and Adam a
 with gradient and its thread count, fp32 with channels_last input (the best layout measured here); bf16 autocast
 beside it (by default only where the CPU has bf16 in hardware). `update / reference` is the learner's overhead
 over the network's best rate. Per update, torch.profiler counts the leaf operators (a proxy for GPU kernel
-launches) and the scalar reads (`aten::_local_scalar_dense`, a proxy for host-device syncs). `limit` is the steps/s
-of the file's processes on this machine's cores if the parts ran side by side with no overhead; the rate each file
-trains at is `python benchmark/atari.py throughput`'s.
+launches), those of the targets alone, and the scalar reads (`aten::_local_scalar_dense`, a proxy for host-device
+syncs). `limit` is the steps/s of the file's processes on this machine's cores if the parts ran side by side with
+no overhead; the rate each file trains at is `python benchmark/atari.py throughput`'s.
 
   python benchmark/profile_atari.py                       # -> benchmark/results/profile_atari.json and .md
   python benchmark/profile_atari.py --files impala --seconds 2 --before HEAD~1   # each part before and after
@@ -53,7 +53,7 @@ FILES = ["impala", "seed", "ddppo", "a3c", "apex", "r2d2"]
 PARTS = ["env", "inference", "copy", "forward", "targets", "backward", "optimizer"]
 MEASURED = ["steps_per_update", "reference_batch", "threads", "cores", "env", "inference", "copy", "forward"]
 MEASURED += ["targets", "optimizer", "update", "reference", "reference_bf16"]
-MEASURED += ["operators_per_update", "scalar_reads_per_update", "first_update_s"]
+MEASURED += ["operators_per_update", "scalar_reads_per_update", "targets_operators", "first_update_s"]
 
 
 def source(name: str, rev: str = "") -> Path:
@@ -513,6 +513,7 @@ def profile(name: str, seconds: float, variants: list, bf16: bool) -> list:
         row["reference"] = ref * calls / steps
         row["reference_bf16"] = ref_bf16[0] * calls / steps if bf16 else None
         row["operators_per_update"], row["scalar_reads_per_update"] = counted(variant["update"])
+        row["targets_operators"] = counted(variant["targets"])[0] if variant["targets"] is not None else 0
         row["cores"] = min(len(os.sched_getaffinity(0)), case.get("processes", 64))
         row["first_update_s"] = first_update[v]
         rows.append(row)
@@ -520,13 +521,15 @@ def profile(name: str, seconds: float, variants: list, bf16: bool) -> list:
 
 
 def table(rows: dict) -> str:
-    head = "| file | " + " | ".join(PARTS) + " | update | reference | bf16 | update / ref | ops | scalar reads |"
-    lines = [head, "|" + "---|" * (len(PARTS) + 8)]
+    head = "| file | " + " | ".join(PARTS) + " | update | reference | bf16 | update / ref | ops | targets ops"
+    head += " | scalar reads |"
+    lines = [head, "|" + "---|" * (len(PARTS) + 9)]
     for name, row in rows.items():
         cells = [f"{1e3 * row[part]:.3f}" for part in PARTS]
         bf16 = f"{1e3 * row['reference_bf16']:.3f}" if row["reference_bf16"] is not None else "not run"
         cells += [f"{1e3 * row['update']:.3f}", f"{1e3 * row['reference']:.3f}", bf16]
         cells += [f"{row['update_over_reference']:.2f}", str(int(row["operators_per_update"]))]
+        cells += [str(int(row["targets_operators"]))]
         cells += [str(int(row["scalar_reads_per_update"]))]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("")
