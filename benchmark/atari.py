@@ -134,7 +134,7 @@ ENTRIES["impala_ent25"] += ["--ent-coef", "0.00025", "--checkpoint-every", "300"
 # is 40/N: 0.25 at 160 steps (0.0625 at the 640 of the paper, monobeast and Cleanba). The preset's 40 scaled down
 # none of 500 Pong batches; 0.25 would have scaled 90% of them on fresh weights and 16% at the end of impala_ent25's
 # seed 1, whose mean moved between +5 and +17.65 for 5.7M steps before it reached 18 (impala_grad_norms_pong.json).
-# Seed 1 learned more slowly than the preset's (+3.9 at 7M steps against 10.95, best 6.65) and was stopped there
+# Seed 1 learned more slowly than the preset's (+3.9 at 7M steps against 11.6, best 6.65) and was stopped there
 ENTRIES["impala_clip25"] = [PY, str(ROOT / "algos/impala.py"), "--seed", "{seed}", "--preset", "atari"]
 ENTRIES["impala_clip25"] += ["--max-grad-norm", "0.25", "--checkpoint-every", "300", *OURS]
 # IMPALA's candidate for the steps to 18, one change on top of the preset: the learning rate 6e-4 rather than 3e-4,

@@ -15,9 +15,10 @@ The reference is the Nature CNN with a linear head: forward, backward and Adam a
 with gradient and its thread count, fp32 with channels_last input (the best layout measured here); bf16 autocast
 beside it (by default only where the CPU has bf16 in hardware). `update / reference` is the learner's overhead
 over the network's best rate. Per update, torch.profiler counts the leaf operators (a proxy for GPU kernel
-launches), those of the targets alone, and the scalar reads (`aten::_local_scalar_dense`, a proxy for host-device
-syncs). `limit` is the steps/s of the file's processes on this machine's cores if the parts ran side by side with
-no overhead; the rate each file trains at is `python benchmark/atari.py throughput`'s.
+launches), those of the targets alone (eager, also in --compile's rows), and the scalar reads
+(`aten::_local_scalar_dense`, a proxy for host-device syncs). `limit` is the steps/s of the file's processes on this
+machine's cores if the parts ran side by side with no overhead; the rate each file trains at is `python
+benchmark/atari.py throughput`'s.
 
   python benchmark/profile_atari.py                       # -> benchmark/results/profile_atari.json and .md
   python benchmark/profile_atari.py --files impala --seconds 2 --before HEAD~1   # each part before and after
@@ -523,13 +524,13 @@ def profile(name: str, seconds: float, variants: list, bf16: bool) -> list:
 def table(rows: dict) -> str:
     head = "| file | " + " | ".join(PARTS) + " | update | reference | bf16 | update / ref | ops | targets ops"
     head += " | scalar reads |"
-    lines = [head, "|" + "---|" * (len(PARTS) + 9)]
+    lines = [head, "|" + "---|" * (len(PARTS) + 8)]
     for name, row in rows.items():
         cells = [f"{1e3 * row[part]:.3f}" for part in PARTS]
         bf16 = f"{1e3 * row['reference_bf16']:.3f}" if row["reference_bf16"] is not None else "not run"
         cells += [f"{1e3 * row['update']:.3f}", f"{1e3 * row['reference']:.3f}", bf16]
         cells += [f"{row['update_over_reference']:.2f}", str(int(row["operators_per_update"]))]
-        cells += [str(int(row["targets_operators"]))]
+        cells += [str(int(row.get("targets_operators", 0)))]  # records before the count: 0
         cells += [str(int(row["scalar_reads_per_update"]))]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("")
